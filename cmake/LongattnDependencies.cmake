@@ -1,0 +1,28 @@
+# Finds what longattn builds on. The same calls run again from longattnConfig.cmake in an
+# install tree (cmake/longattnConfig.cmake.in), so keep the two in step.
+
+# Kokkos 3.4 and Kokkos Kernels: scripts/install-deps.sh prints a prefix for CMAKE_PREFIX_PATH.
+find_package(Kokkos 3.4 REQUIRED)
+find_package(KokkosKernels REQUIRED)
+
+if(LONGATTN_ENABLE_CUDA AND NOT "CUDA" IN_LIST Kokkos_DEVICES)
+  message(FATAL_ERROR "LONGATTN_ENABLE_CUDA=ON but the Kokkos found in ${Kokkos_DIR} has no CUDA "
+                      "backend (Kokkos_DEVICES=${Kokkos_DEVICES}); build it with "
+                      "scripts/install-deps.sh --cuda")
+endif()
+if(NOT LONGATTN_ENABLE_CUDA AND "CUDA" IN_LIST Kokkos_DEVICES)
+  message(FATAL_ERROR "the Kokkos found in ${Kokkos_DIR} has the CUDA backend: configure with "
+                      "-DLONGATTN_ENABLE_CUDA=ON and CMAKE_CXX_COMPILER=<kokkos>/bin/nvcc_wrapper")
+endif()
+
+if(LONGATTN_ENABLE_MPI)
+  set(MPI_CXX_SKIP_MPICXX ON)           # the C API only; no deprecated C++ bindings
+  set(MPI_DETERMINE_LIBRARY_VERSION ON) # tests need to know Open MPI from others
+  find_package(MPI REQUIRED COMPONENTS CXX)
+endif()
+if(LONGATTN_ENABLE_HWLOC)
+  find_package(hwloc REQUIRED)
+endif()
+if(LONGATTN_ENABLE_NCCL)
+  find_package(NCCL REQUIRED)
+endif()

@@ -1,0 +1,49 @@
+#pragma once
+// longattn::gemm: C = alpha op(A) op(B) + beta C through Kokkos Kernels (OpenBLAS on the host,
+// cuBLAS on CUDA), with the shapes checked first so that a mismatch is a longattn::Error
+// naming the argument rather than an abort inside the BLAS.
+#include <KokkosBlas3_gemm.hpp>
+#include <Kokkos_Core.hpp>
+#include <sstream>
+#include <string>
+
+#include "longattn/core/blas.hpp"
+#include "longattn/error.hpp"
+
+namespace longattn {
+
+namespace detail {
+inline bool valid_trans(const char* t) {
+  return t && (t[0] == 'N' || t[0] == 'n' || t[0] == 'T' || t[0] == 't' || t[0] == 'C' ||
+               t[0] == 'c');
+}
+inline bool transposed(const char* t) { return t[0] != 'N' && t[0] != 'n'; }
+}  // namespace detail
+
+template <class AView, class BView, class CView>
+void gemm(const char* trans_a, const char* trans_b, typename CView::const_value_type alpha,
+          const AView& a, const BView& b, typename CView::const_value_type beta, const CView& c) {
+  static_assert(AView::rank == 2 && BView::rank == 2 && CView::rank == 2,
+                "longattn::gemm takes rank-2 views");
+  const char* where = "longattn::gemm";
+  require(detail::valid_trans(trans_a), where, "trans_a", trans_a ? trans_a : "null",
+          "\"N\", \"T\" or \"C\"");
+  require(detail::valid_trans(trans_b), where, "trans_b", trans_b ? trans_b : "null",
+          "\"N\", \"T\" or \"C\"");
+  const auto rows_a = detail::transposed(trans_a) ? a.extent(1) : a.extent(0);
+  const auto inner_a = detail::transposed(trans_a) ? a.extent(0) : a.extent(1);
+  const auto inner_b = detail::transposed(trans_b) ? b.extent(1) : b.extent(0);
+  const auto cols_b = detail::transposed(trans_b) ? b.extent(0) : b.extent(1);
+  auto expect = [](const char* what, std::size_t n) {
+    std::ostringstream s;
+    s << n << " (" << what << ")";
+    return s.str();
+  };
+  require(inner_b == inner_a, where, "B's inner extent", inner_b, expect("columns of op(A)", inner_a));
+  require(c.extent(0) == rows_a, where, "C.extent(0)", c.extent(0), expect("rows of op(A)", rows_a));
+  require(c.extent(1) == cols_b, where, "C.extent(1)", c.extent(1), expect("columns of op(B)", cols_b));
+  select_blas_kernels();
+  KokkosBlas::gemm(trans_a, trans_b, alpha, a, b, beta, c);
+}
+
+}  // namespace longattn

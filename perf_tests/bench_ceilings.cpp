@@ -1,0 +1,81 @@
+// The machine's ceilings as benchmarks: FP32 FMA peak per execution space, and sgemm through
+// longattn::gemm (Kokkos Kernels -> OpenBLAS) at several sizes on one BLAS thread and on all.
+//
+// sgemm n x n x n does 2 n^3 FLOPs and must move at least 3 n^2 floats (12 n^2 bytes); from
+// n = 256 on it is compute-bound on this CPU (arithmetic intensity n/6 FLOP/byte).
+#include <benchmark/benchmark.h>
+
+#include "longattn/core/blas.hpp"
+#include "longattn/core/ceilings.hpp"
+#include "longattn/core/runtime.hpp"
+
+namespace {
+
+using Host = Kokkos::DefaultHostExecutionSpace;
+
+// Measured once per process, before the benchmarks: the denominator of "fraction_of_peak".
+double fma_peak_gflops_one_core = 0;
+
+template <class ExecSpace>
+void BM_FmaPeak(benchmark::State& state) {
+  ExecSpace exec;
+  double flops = 0;
+  for (auto _ : state) flops += longattn::measure_fma_peak(exec, 0.05).flops;
+  state.counters["FLOP/s"] = benchmark::Counter(flops, benchmark::Counter::kIsRate);
+  state.counters["threads"] = exec.concurrency();
+}
+
+void BM_Sgemm(benchmark::State& state) {
+  const int n = static_cast<int>(state.range(0));
+  const int threads = static_cast<int>(state.range(1));
+  const int all = longattn::blas_runtime().threads;
+  longattn::set_blas_threads(threads > 0 ? threads : (all > 0 ? all : Host().concurrency()));
+  using Matrix = Kokkos::View<float**, Kokkos::LayoutLeft, Host::memory_space>;
+  Matrix a("A", n, n), b("B", n, n), c("C", n, n);
+  Kokkos::deep_copy(a, 0.5f);
+  Kokkos::deep_copy(b, 0.25f);
+  longattn::gemm("N", "N", 1.0f, a, b, 0.0f, c);  // warm-up: BLAS buffers, page faults
+  for (auto _ : state) {
+    longattn::gemm("N", "N", 1.0f, a, b, 0.0f, c);
+    Kokkos::fence();
+  }
+  const double flops = 2.0 * n * double(n) * n * state.iterations();
+  state.counters["FLOP/s"] = benchmark::Counter(flops, benchmark::Counter::kIsRate);
+  state.counters["bytes/s"] = benchmark::Counter(12.0 * n * double(n) * state.iterations(), benchmark::Counter::kIsRate);
+  const double used_cores = threads > 0 ? threads : Host().concurrency();
+  state.counters["fraction_of_peak"] = benchmark::Counter(
+      flops * 1e-9 / (fma_peak_gflops_one_core * used_cores), benchmark::Counter::kIsRate);
+  longattn::set_blas_threads(all > 0 ? all : Host().concurrency());
+}
+
+// The same sgemm on OpenBLAS's SSE3 ("Prescott") kernels: what Debian's OpenBLAS runs on CPUs
+// it misdetects, i.e. what longattn's kernel selection saves.
+void BM_SgemmPrescottKernels(benchmark::State& state) {
+  const std::string selected = longattn::blas_runtime().kernels;
+  if (longattn::detail::switch_openblas_kernels("Prescott").empty()) {
+    state.SkipWithError("not OpenBLAS");
+    return;
+  }
+  BM_Sgemm(state);
+  longattn::detail::switch_openblas_kernels(selected);
+}
+
+}  // namespace
+
+BENCHMARK_TEMPLATE(BM_FmaPeak, Kokkos::Serial)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK_TEMPLATE(BM_FmaPeak, Host)->UseRealTime()->Unit(benchmark::kMillisecond);
+// Args: {n, BLAS threads (0 = all)}.
+BENCHMARK(BM_Sgemm)->ArgsProduct({{256, 512, 1024, 2048}, {1, 0}})->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_SgemmPrescottKernels)->Args({2048, 1})->UseRealTime()->Unit(benchmark::kMillisecond);
+
+int main(int argc, char* argv[]) {
+  longattn::ScopeGuard guard(argc, argv);
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  fma_peak_gflops_one_core = longattn::measure_fma_peak(Kokkos::Serial(), 0.3).gflops();
+  benchmark::AddCustomContext("fp32_fma_peak_one_core_gflops", std::to_string(fma_peak_gflops_one_core));
+  benchmark::AddCustomContext("blas_kernels", longattn::blas_runtime().kernels);
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

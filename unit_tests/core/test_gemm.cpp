@@ -1,0 +1,64 @@
+// longattn::gemm against the naive double-precision reference: odd sizes, every transpose
+// combination, both layouts, float and double, on every enabled execution space.
+#include <catch2/catch.hpp>
+#include <cmath>
+
+#include "execution_spaces.hpp"
+#include "longattn/core/gemm.hpp"
+#include "reference/gemm.hpp"
+#include "reference/random.hpp"
+
+namespace {
+
+template <class Scalar, class Layout, class ExecSpace>
+void check_gemm(const char* trans_a, const char* trans_b, int m, int n, int k, std::mt19937_64& rng) {
+  using View = Kokkos::View<Scalar**, Layout, typename ExecSpace::memory_space>;
+  const bool ta = trans_a[0] != 'N', tb = trans_b[0] != 'N';
+  View a("A", ta ? k : m, ta ? m : k), b("B", tb ? n : k, tb ? k : n), c("C", m, n);
+  auto ha = Kokkos::create_mirror_view(a), hb = Kokkos::create_mirror_view(b), hc = Kokkos::create_mirror_view(c);
+  longattn::test::fill_uniform(ha, rng);
+  longattn::test::fill_uniform(hb, rng);
+  longattn::test::fill_uniform(hc, rng);
+  Kokkos::deep_copy(a, ha);
+  Kokkos::deep_copy(b, hb);
+  Kokkos::deep_copy(c, hc);
+  const double alpha = 0.75, beta = -0.5;
+  const auto expected = longattn::test::reference_gemm(ta, tb, alpha, ha, hb, beta, hc);
+
+  longattn::gemm(trans_a, trans_b, Scalar(alpha), a, b, Scalar(beta), c);
+  Kokkos::deep_copy(hc, c);
+
+  // Each entry sums k products of values in [-1, 1): rounding error grows like sqrt(k) eps.
+  const double eps = std::is_same<Scalar, float>::value ? 6e-8 : 1.2e-16;
+  const double tolerance = 8 * eps * k;
+  double worst = 0;
+  for (int i = 0; i < m; ++i)
+    for (int j = 0; j < n; ++j) worst = std::max(worst, std::abs(double(hc(i, j)) - expected[i * n + j]));
+  INFO("trans " << trans_a << trans_b << ", m n k = " << m << " " << n << " " << k << ", seed "
+                << longattn::test::test_seed());
+  CHECK(worst <= tolerance);
+}
+
+}  // namespace
+
+TEMPLATE_LIST_TEST_CASE("gemm matches the double reference", "[core][gemm]", longattn::test::ExecutionSpaces) {
+  std::mt19937_64 rng(longattn::test::test_seed());
+  for (const char* ta : {"N", "T"})
+    for (const char* tb : {"N", "T"}) {
+      check_gemm<float, Kokkos::LayoutLeft, TestType>(ta, tb, 37, 29, 53, rng);
+      check_gemm<float, Kokkos::LayoutRight, TestType>(ta, tb, 17, 64, 9, rng);
+      check_gemm<double, Kokkos::LayoutLeft, TestType>(ta, tb, 31, 1, 45, rng);
+      check_gemm<double, Kokkos::LayoutRight, TestType>(ta, tb, 1, 23, 77, rng);
+    }
+}
+
+TEST_CASE("gemm rejects mismatched shapes with a longattn::Error naming the argument", "[core][gemm][errors]") {
+  Kokkos::View<float**, Kokkos::LayoutLeft, Kokkos::HostSpace> a("A", 5, 3), b("B", 3, 4), c("C", 5, 4), wrong("W", 7, 4);
+  CHECK_NOTHROW(longattn::gemm("N", "N", 1.0f, a, b, 0.0f, c));
+  CHECK_THROWS_WITH(longattn::gemm("N", "N", 1.0f, a, b, 0.0f, wrong),
+                    Catch::Contains("'C.extent(0)' is 7") && Catch::Contains("expected 5"));
+  CHECK_THROWS_WITH(longattn::gemm("N", "T", 1.0f, a, b, 0.0f, c),
+                    Catch::Contains("B's inner extent") && Catch::Contains("is 4") && Catch::Contains("expected 3"));
+  CHECK_THROWS_WITH(longattn::gemm("X", "N", 1.0f, a, b, 0.0f, c), Catch::Contains("'trans_a' is X"));
+  CHECK_THROWS_AS(longattn::gemm("N", "N", 1.0f, a, a, 0.0f, c), longattn::Error);
+}
