@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Installs the dependencies (cached), then configures and builds longattn.
+#
+#   scripts/build.sh <build-dir> [extra CMake arguments...]
+#
+# With LONGATTN_CUDA=1 it builds the CUDA variant (Kokkos CUDA + HOPPER90 through nvcc_wrapper).
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+[ $# -ge 1 ] || { echo "usage: scripts/build.sh <build-dir> [cmake args...]" >&2; exit 2; }
+build_dir=$1; shift
+
+deps_args=()
+cmake_args=()
+if [ "${LONGATTN_CUDA:-0}" = 1 ]; then
+  deps_args+=(--cuda)
+fi
+deps=$("$root/scripts/install-deps.sh" "${deps_args[@]}" | tail -n 1)
+if [ "${LONGATTN_CUDA:-0}" = 1 ]; then
+  export NVCC_WRAPPER_DEFAULT_ARCH=sm_90 PATH="/usr/local/cuda/bin:$PATH"
+  cmake_args+=(-DLONGATTN_ENABLE_CUDA=ON "-DCMAKE_CXX_COMPILER=$deps/bin/nvcc_wrapper")
+fi
+
+cmake -S "$root" -B "$build_dir" "-DCMAKE_PREFIX_PATH=$deps" "${cmake_args[@]}" "$@" >&2
+cmake --build "$build_dir" -j "$(nproc)" >&2
