@@ -2,8 +2,12 @@
 # install tree (cmake/longattnConfig.cmake.in), so keep the two in step.
 
 # Kokkos 3.4 and Kokkos Kernels: scripts/install-deps.sh prints a prefix for CMAKE_PREFIX_PATH.
-find_package(Kokkos 3.4 REQUIRED)
+# (No version in find_package: Kokkos 3.x accepts only its own major version there.)
+find_package(Kokkos REQUIRED)
 find_package(KokkosKernels REQUIRED)
+if(Kokkos_VERSION VERSION_LESS 3.4)
+  message(FATAL_ERROR "longattn needs Kokkos 3.4 or newer; found ${Kokkos_VERSION} in ${Kokkos_DIR}")
+endif()
 
 if(LONGATTN_ENABLE_CUDA AND NOT "CUDA" IN_LIST Kokkos_DEVICES)
   message(FATAL_ERROR "LONGATTN_ENABLE_CUDA=ON but the Kokkos found in ${Kokkos_DIR} has no CUDA "
