@@ -102,7 +102,7 @@ else
   kernels_options+=(-DKokkosKernels_ENABLE_TPL_CUBLAS=ON -DKokkosKernels_ENABLE_TPL_CUSPARSE=OFF)
 fi
 
-key_source="$trilinos_version|$variant|$host_arch|$cxx_version|${kokkos_options[*]}|${kernels_options[*]}|$(sha256sum "$patch_file")"
+key_source="$trilinos_version|$variant|$host_arch|$cxx_version|${kokkos_options[*]}|${kernels_options[*]}|$(sha256sum < "$patch_file")"
 key="kokkos-${kokkos_version}-${variant}-${host_arch}-$(echo "$key_source" | sha256sum | cut -c1-12)"
 prefix="$cache/install/$key"
 

@@ -37,6 +37,7 @@ class Longattn(CMakePackage, CudaPackage):
     depends_on("kokkos ~cuda", when="~cuda")
     for arch in CudaPackage.cuda_arch_values:
         depends_on(f"kokkos +cuda +cuda_lambda +wrapper cuda_arch={arch}", when=f"+cuda cuda_arch={arch}")
+        depends_on(f"nccl cuda_arch={arch}", when=f"+nccl cuda_arch={arch}")
     depends_on("kokkos-kernels@3.4.01:3")
     depends_on("kokkos-kernels +blas", when="~cuda")
     depends_on("kokkos-kernels +cublas", when="+cuda")
