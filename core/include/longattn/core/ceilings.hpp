@@ -50,21 +50,27 @@ Rate time_until(double min_seconds, double flops_per_unit, std::int64_t work, Ru
 
 }  // namespace detail
 
+// Runs `iterations` rounds of the FMA chains once per thread of exec and returns the FLOPs done.
+template <class ExecSpace>
+double run_fma_chains(const ExecSpace& exec, std::int64_t iterations) {
+  const int items = exec.concurrency();
+  float sum = 0;
+  Kokkos::parallel_reduce("longattn::fma_chains",
+                          Kokkos::RangePolicy<ExecSpace, Kokkos::Schedule<Kokkos::Static>>(exec, 0, items),
+                          detail::FmaChains{iterations, 0.9999f, 0.0001f}, sum);
+  exec.fence();
+  if (!(sum > 0)) throw Error("longattn::run_fma_chains: the FMA chains produced no result");
+  return 2.0 * detail::FmaChains::kLanes * items * static_cast<double>(iterations);
+}
+
 // FP32 FMA throughput with one work item per thread of exec (exec.concurrency() of them).
 template <class ExecSpace>
 Rate measure_fma_peak(const ExecSpace& exec, double min_seconds = 0.5) {
   require(min_seconds > 0 && min_seconds <= 60, "longattn::measure_fma_peak", "min_seconds",
           min_seconds, "a duration in (0, 60] seconds");
-  const int items = exec.concurrency();
-  const double flops_per_iteration = 2.0 * detail::FmaChains::kLanes * items;
-  return detail::time_until(min_seconds, flops_per_iteration, 1 << 12, [&](std::int64_t iterations) {
-    float sum = 0;
-    Kokkos::parallel_reduce("longattn::fma_peak",
-                            Kokkos::RangePolicy<ExecSpace, Kokkos::Schedule<Kokkos::Static>>(exec, 0, items),
-                            detail::FmaChains{iterations, 0.9999f, 0.0001f}, sum);
-    exec.fence();
-    if (!(sum > 0)) throw Error("longattn::measure_fma_peak: the FMA chains produced no result");
-  });
+  const double flops_per_iteration = 2.0 * detail::FmaChains::kLanes * exec.concurrency();
+  return detail::time_until(min_seconds, flops_per_iteration, 1 << 12,
+                            [&](std::int64_t iterations) { run_fma_chains(exec, iterations); });
 }
 
 // sgemm rate C = A B (n x n, LayoutLeft, in exec's memory) through longattn::gemm, with the
