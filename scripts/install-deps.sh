@@ -121,17 +121,18 @@ mkdir -p "$cache/downloads" "$work"
 
 orig="$cache/downloads/trilinos_${trilinos_version%-*}.orig.tar.gz"
 if [ ! -f "$orig" ]; then
-  # apt-get source needs a deb-src entry; add one for bookworm if none is configured.
+  # apt-get source needs deb-src entries: mirror the machine's own deb entries (same archive,
+  # suites and keys) if none is configured.
   if ! grep -rqs '^Types:.*deb-src\|^deb-src' /etc/apt/sources.list /etc/apt/sources.list.d/; then
-    log "adding a deb-src entry for bookworm"
-    as_root tee /etc/apt/sources.list.d/longattn-deb-src.sources >/dev/null <<'EOF'
-Types: deb-src
-URIs: http://deb.debian.org/debian
-Suites: bookworm
-Components: main
-Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
-EOF
-    as_root apt-get update -q >&2 || die "apt-get update failed after adding the deb-src entry"
+    log "adding deb-src entries that mirror the configured deb entries"
+    {
+      for f in /etc/apt/sources.list.d/*.sources; do
+        [ -e "$f" ] && sed 's/^Types:.*/Types: deb-src/' "$f" && echo
+      done
+    } | as_root tee /etc/apt/sources.list.d/longattn-deb-src.sources >/dev/null
+    { grep -hs '^deb ' /etc/apt/sources.list /etc/apt/sources.list.d/*.list || true; } |
+      sed 's/^deb /deb-src /' | as_root tee /etc/apt/sources.list.d/longattn-deb-src.list >/dev/null
+    as_root apt-get update -q >&2 || die "apt-get update failed after adding the deb-src entries"
   fi
   log "downloading Debian's trilinos $trilinos_version source package (166 MB)"
   # apt-get verifies the archive against the signed .dsc checksums.
