@@ -37,6 +37,16 @@ struct Ceilings {
   longattn::Rate fma_core, fma_all, sgemm_core, sgemm_all;
 };
 
+// Everything the report shows, gathered once for the text and the JSON forms.
+struct Report {
+  longattn::BuildInfo build;
+  longattn::BlasRuntime blas;
+  std::vector<std::string> communication;
+  longattn::memory::TopologySummary machine;
+  longattn::parallel::Placement placement;
+  const Ceilings* ceilings = nullptr;  // null with --no-ceilings
+};
+
 std::string bytes_text(std::size_t bytes) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
   double value = static_cast<double>(bytes);
@@ -67,11 +77,11 @@ Ceilings measure(const Options& options) {
   return c;
 }
 
-void print_report(std::ostream& out, const longattn::parallel::Placement& placement,
-                  const Ceilings* ceilings, const Options& options) {
-  const auto build = longattn::build_info();
-  const auto blas = longattn::blas_runtime();
-  const auto machine = longattn::memory::Topology::system().summary();
+void print_report(std::ostream& out, const Report& report, const Options& options) {
+  const auto& build = report.build;
+  const auto& blas = report.blas;
+  const auto& machine = report.machine;
+  const auto& placement = report.placement;
   char line[256];
 
   out << "longattn " << build.version << " (" << build.build_type << ", " << build.compiler << ")\n\n";
@@ -83,7 +93,7 @@ void print_report(std::ostream& out, const longattn::parallel::Placement& placem
   out << "  BLAS              " << blas.library << "\n";
   out << "  BLAS kernels      " << (blas.kernels.empty() ? "unknown" : blas.kernels) << ": "
       << blas.selection << "\n";
-  out << "  communication     " << join(longattn::parallel::communication_libraries(), "; ") << "\n";
+  out << "  communication     " << join(report.communication, "; ") << "\n";
   out << "  hwloc             " << (build.hwloc ? "yes" : "no") << "\n\n";
 
   out << "Machine (" << machine.source << ")\n";
@@ -111,8 +121,8 @@ void print_report(std::ostream& out, const longattn::parallel::Placement& placem
   }
   out << "\n";
 
-  if (!ceilings) return;
-  const Ceilings& c = *ceilings;
+  if (!report.ceilings) return;
+  const Ceilings& c = *report.ceilings;
   out << "Ceilings of this machine (FP32, measured by rank 0, " << options.seconds << " s each)\n";
   std::snprintf(line, sizeof(line), "  %-28s %12s %14s (%d)\n", "GFLOP/s", "one core", "all cores", c.cores);
   out << line;
@@ -126,24 +136,24 @@ void print_report(std::ostream& out, const longattn::parallel::Placement& placem
   out << line;
 }
 
-nlohmann::json to_json(const longattn::parallel::Placement& placement, const Ceilings* ceilings,
-                       const Options& options) {
-  const auto build = longattn::build_info();
-  const auto blas = longattn::blas_runtime();
-  const auto machine = longattn::memory::Topology::system().summary();
+nlohmann::json to_json(const Report& report, const Options& options) {
+  const auto& build = report.build;
+  const auto& blas = report.blas;
+  const auto& machine = report.machine;
+  const Ceilings* ceilings = report.ceilings;
   nlohmann::json j;
   j["build"] = {{"longattn", build.version}, {"build_type", build.build_type},
                 {"compiler", build.compiler}, {"kokkos", build.kokkos_version},
                 {"execution_spaces", build.execution_spaces}, {"architecture", build.architecture},
                 {"blas", blas.library}, {"blas_kernels", blas.kernels}, {"blas_selection", blas.selection},
-                {"communication", longattn::parallel::communication_libraries()}};
+                {"communication", report.communication}};
   j["machine"] = {{"source", machine.source}, {"cpu", machine.cpu_model}, {"packages", machine.packages},
                   {"numa_nodes", machine.numa_nodes}, {"numa_memory_bytes", machine.numa_memory_bytes},
                   {"cores", machine.cores}, {"hardware_threads", machine.hardware_threads}};
   for (const auto& c : machine.caches)
     j["machine"]["caches"].push_back({{"level", c.level}, {"kind", c.kind}, {"bytes", c.size_bytes}, {"count", c.count}});
   j["ranks"] = nlohmann::json::array();
-  for (const auto& r : placement.ranks)
+  for (const auto& r : report.placement.ranks)
     j["ranks"].push_back({{"rank", r.rank}, {"node", r.node}, {"local_rank", r.local_rank},
                           {"local_size", r.local_size}, {"cpus", r.cpus}, {"host", r.host}});
   if (ceilings) {
@@ -201,12 +211,17 @@ int run(int argc, char* argv[], const longattn::parallel::Placement& placement) 
 #endif
   if (rank != 0) return 0;
 
-  const Ceilings* measured = options.ceilings ? &ceilings : nullptr;
-  print_report(std::cout, placement, measured, options);
+  const Report report{longattn::build_info(),
+                      longattn::blas_runtime(),
+                      longattn::parallel::communication_libraries(),
+                      longattn::memory::Topology::system().summary(),
+                      placement,
+                      options.ceilings ? &ceilings : nullptr};
+  print_report(std::cout, report, options);
   if (!options.json_path.empty()) {
     std::ofstream file(options.json_path);
     if (!file) throw longattn::Error("longattn-info: cannot write --json file '" + options.json_path + "'");
-    file << to_json(placement, measured, options).dump(2) << "\n";
+    file << to_json(report, options).dump(2) << "\n";
   }
   return 0;
 }

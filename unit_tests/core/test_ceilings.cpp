@@ -24,4 +24,5 @@ TEST_CASE("sgemm measurement runs and validates its arguments", "[core][ceilings
   CHECK(std::fmod(rate.flops, 2.0 * 96 * 96 * 96) == 0.0);
   CHECK_THROWS_WITH(longattn::measure_sgemm(exec, 0, 0.1), Catch::Contains("'n' is 0"));
   CHECK_THROWS_WITH(longattn::measure_fma_peak(exec, -1.0), Catch::Contains("'min_seconds' is -1"));
+  CHECK_THROWS_WITH(longattn::run_fma_chains(exec, 0), Catch::Contains("'iterations' is 0"));
 }

@@ -18,21 +18,37 @@ struct Rate {
 
 namespace detail {
 
-// Each work item runs kChains x kLanes independent FMA chains: 12 chains of 16 floats keep
-// 12 AVX-512 registers busy, which covers the 4-cycle FMA latency on two FMA ports. The
-// compiler vectorizes the inner loop and keeps all accumulators in registers.
+// Kept out of line on the host: inlined into a caller, GCC 12 has spilled the accumulators to
+// the stack or reordered the loop nest depending on the caller's constants, and the same loop
+// then ran at 55-60% of the FMA peak.
+// noipa (GCC) also rules out constant-propagated clones; clang knows only noinline.
+#if defined(__GNUC__) && !defined(__clang__) && !defined(__CUDA_ARCH__)
+#define LONGATTN_FMA_CHAINS_NOINLINE __attribute__((noipa))
+#elif defined(__clang__)
+#define LONGATTN_FMA_CHAINS_NOINLINE __attribute__((noinline))
+#else
+#define LONGATTN_FMA_CHAINS_NOINLINE
+#endif
+
+// Each work item runs 12 chains of 16 floats: 12 independent AVX-512 registers cover the
+// 4-cycle FMA latency on two FMA ports. The compiler vectorizes the lane loop and keeps all
+// accumulators in registers.
 struct FmaChains {
   static constexpr int kLanes = 16 * 12;
   std::int64_t iterations;
   float mul, add;  // acc -> acc * 0.9999 + 0.0001 stays at 1: no overflow, no denormals
 
-  KOKKOS_INLINE_FUNCTION void operator()(const int, float& sum) const {
+  LONGATTN_FMA_CHAINS_NOINLINE KOKKOS_FUNCTION static float run(std::int64_t iterations, float mul, float add) {
     float acc[kLanes];
     for (int l = 0; l < kLanes; ++l) acc[l] = 1.0f + 1e-4f * static_cast<float>(l);
     for (std::int64_t it = 0; it < iterations; ++it)
       for (int l = 0; l < kLanes; ++l) acc[l] = acc[l] * mul + add;
+    float sum = 0;
     for (int l = 0; l < kLanes; ++l) sum += acc[l];
+    return sum;
   }
+
+  KOKKOS_INLINE_FUNCTION void operator()(const int, float& sum) const { sum += run(iterations, mul, add); }
 };
 
 // Repeats run(work) with doubling work until one run lasts min_seconds; returns the last.
@@ -53,6 +69,7 @@ Rate time_until(double min_seconds, double flops_per_unit, std::int64_t work, Ru
 // Runs `iterations` rounds of the FMA chains once per thread of exec and returns the FLOPs done.
 template <class ExecSpace>
 double run_fma_chains(const ExecSpace& exec, std::int64_t iterations) {
+  require(iterations >= 1, "longattn::run_fma_chains", "iterations", iterations, "at least 1");
   const int items = exec.concurrency();
   float sum = 0;
   Kokkos::parallel_reduce("longattn::fma_chains",
