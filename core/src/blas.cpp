@@ -131,6 +131,8 @@ std::string kernels_to_select(const std::string& picked, int cpu_isa_level, bool
 }
 
 std::string switch_openblas_kernels(const std::string& name) {
+  require(!name.empty(), "longattn::detail::switch_openblas_kernels", "name", "\"\"",
+          "an OpenBLAS kernel set such as \"SkylakeX\"");
   if (!has_runtime_selection()) return "";
   // OpenBLAS reads OPENBLAS_CORETYPE whenever it (re)initializes its kernel table.
   setenv("OPENBLAS_CORETYPE", name.c_str(), 1);

@@ -60,6 +60,8 @@ Placement local_placement() {
 #if LONGATTN_HAVE_MPI
 
 Placement gather_placement(MPI_Comm comm) {
+  require(comm != MPI_COMM_NULL, "longattn::parallel::gather_placement", "comm", "MPI_COMM_NULL",
+          "a valid communicator");
   int rank = 0, size = 0;
   check(MPI_Comm_rank(comm, &rank), "MPI_Comm_rank");
   check(MPI_Comm_size(comm, &size), "MPI_Comm_size");

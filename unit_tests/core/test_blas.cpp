@@ -96,6 +96,7 @@ TEST_CASE("OpenBLAS kernels can be switched at run time", "[core][blas]") {
     return worst;
   };
 
+  CHECK_THROWS_WITH(longattn::detail::switch_openblas_kernels(""), Catch::Contains("'name' is \"\""));
   CHECK(lower(longattn::detail::switch_openblas_kernels("Prescott")) == "prescott");
   CHECK(sgemm_error() == 0.0);
   CHECK(lower(longattn::detail::switch_openblas_kernels(original)) == lower(original));

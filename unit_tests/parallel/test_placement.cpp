@@ -5,6 +5,7 @@
 #include <map>
 #include <set>
 
+#include "longattn/error.hpp"
 #include "longattn/parallel/placement.hpp"
 
 TEST_CASE("gather_placement describes every rank consistently", "[parallel][placement]") {
@@ -44,6 +45,11 @@ TEST_CASE("gather_placement describes every rank consistently", "[parallel][plac
   MPI_Allreduce(&checksum, &highest, 1, MPI_LONG, MPI_MAX, MPI_COMM_WORLD);
   CHECK(lowest == highest);
   CHECK(p.ranks[rank].cpus != "");
+}
+
+TEST_CASE("gather_placement rejects MPI_COMM_NULL with a longattn::Error", "[parallel][errors]") {
+  CHECK_THROWS_WITH(longattn::parallel::gather_placement(MPI_COMM_NULL),
+                    Catch::Contains("'comm' is MPI_COMM_NULL") && Catch::Contains("expected a valid communicator"));
 }
 
 TEST_CASE("communication libraries name MPI", "[parallel]") {
