@@ -1,0 +1,344 @@
+// Exact softmax attention, forward and backward, fused and tiled (FlashAttention-2): never an
+// N x N matrix, O(N) memory, any Kokkos execution space.
+//
+//   attention_forward(exec, q, k, v, o, lse, opts[, blocks])
+//   attention_backward(exec, q, k, v, o, d_o, lse, dq, dk, dv, opts[, blocks])
+//
+// Tensors are rank-4 views [B, N, H, D] (batch, tokens, heads, head dim) in any layout with
+// strides (LayoutRight, LayoutLeft, LayoutStride: a view of every r-th token is not a copy);
+// lse is [B, H, Nq], the natural log of each query's softmax denominator. Scalar: float or double
+// (accumulation in the same type). q and o have Nq tokens, k and v Nk; they may differ.
+//
+// Memory: the forward pass allocates nothing; the backward pass allocates
+// attention_backward_workspace_bytes() = B * H * Nq * sizeof(T) (Delta = rowsum(dO * O)). Each
+// team also uses the scratch of attention_scratch_bytes() (per thread on a CPU).
+#pragma once
+
+#include <Kokkos_Core.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+#include "longattn/core/dense_blocks.hpp"
+#include "longattn/core/detail/attention_kernels.hpp"
+#include "longattn/error.hpp"
+
+namespace longattn {
+
+struct AttentionOptions {
+  std::optional<double> softmax_scale;  // default 1 / sqrt(head dim)
+  bool causal = false;                  // key j visible to query i iff key pos <= query pos
+  std::int64_t query_offset = 0;        // global position of q's first token
+  std::int64_t key_offset = 0;          // global position of k's first token
+};
+
+// Largest head dimension the kernels accept (scratch grows with it).
+inline constexpr int attention_max_head_dim = 256;
+
+// Tokens per block of the kernels on this execution space and scalar type: block patterns
+// (DenseBlocks, block-sparse layouts) are in these units.
+template <class ExecSpace, class T>
+constexpr int attention_block_size() {
+  return detail::AttentionTiles<ExecSpace, T>::block;
+}
+
+template <class T>
+std::size_t attention_backward_workspace_bytes(int batch, int heads, int queries) {
+  return std::size_t(batch) * heads * queries * sizeof(T);
+}
+
+// Team scratch of the forward pass and of the larger of the two backward passes.
+template <class ExecSpace, class T>
+std::size_t attention_scratch_bytes(int head_dim, bool backward) {
+  return backward ? detail::KeyGradientKernel<ExecSpace, T, DenseBlocks>::scratch_bytes(head_dim)
+                  : detail::ForwardKernel<ExecSpace, T, DenseBlocks>::scratch_bytes(head_dim);
+}
+
+namespace detail {
+
+template <class T>
+std::string scalar_name() {
+  if (std::is_same_v<T, float>) return "float";
+  if (std::is_same_v<T, double>) return "double";
+  return "an unsupported type";
+}
+
+template <class View>
+std::string extents_of(const View& view) {
+  std::ostringstream s;
+  s << "[";
+  for (unsigned r = 0; r < View::rank; ++r) s << (r ? ", " : "") << view.extent(r);
+  s << "]";
+  return s.str();
+}
+
+template <class View>
+using scalar_of = std::remove_const_t<typename View::value_type>;
+
+// Whether T is a supported scalar and every view holds T: only then are the kernels compiled
+// (otherwise the checks throw before they would run).
+template <class T, class... Views>
+inline constexpr bool runnable = (std::is_same_v<T, float> || std::is_same_v<T, double>) &&
+                                 (std::is_same_v<scalar_of<Views>, T> && ...);
+
+template <class T, class View>
+void check_scalar(const char* where, const char* name, const View&) {
+  using Actual = scalar_of<View>;
+  if constexpr (!std::is_same_v<Actual, T>)
+    throw_invalid_argument(where, std::string(name) + "'s value type", scalar_name<Actual>(),
+                           scalar_name<T>() + " (the value type of q)");
+}
+
+template <class View>
+void check_extents(const char* where, const char* name, const View& view,
+                   const std::int64_t (&expected)[View::rank], const char* meaning) {
+  bool same = true;
+  for (unsigned r = 0; r < View::rank; ++r) same = same && std::int64_t(view.extent(r)) == expected[r];
+  if (same) return;
+  std::ostringstream want;
+  want << "[";
+  for (unsigned r = 0; r < View::rank; ++r) want << (r ? ", " : "") << expected[r];
+  want << "] (" << meaning << ")";
+  throw_invalid_argument(where, std::string(name) + "'s extents", extents_of(view), want.str());
+}
+
+// The bytes [begin, end) a view can touch: from its first element to one past its last (a
+// subview's span() may reach beyond its parent, so compute it from the strides).
+template <class View>
+std::pair<const char*, const char*> byte_range(const View& view) {
+  const char* begin = reinterpret_cast<const char*>(view.data());
+  std::size_t last = 0;
+  for (unsigned r = 0; r < View::rank; ++r) {
+    if (view.extent(r) == 0) return {begin, begin};
+    last += (view.extent(r) - 1) * view.stride(r);
+  }
+  return {begin, begin + (last + 1) * sizeof(typename View::value_type)};
+}
+
+// Whether two views' memory ranges overlap.
+template <class A, class B>
+bool overlap(const A& a, const B& b) {
+  const auto [a_begin, a_end] = byte_range(a);
+  const auto [b_begin, b_end] = byte_range(b);
+  return a_begin < a_end && b_begin < b_end && a_begin < b_end && b_begin < a_end;
+}
+
+template <class Output, class Input>
+void check_no_alias(const char* where, const char* output_name, const Output& output,
+                    const char* input_name, const Input& input) {
+  if (overlap(output, input))
+    throw_invalid_argument(where, output_name, std::string("overlapping ") + input_name,
+                           "an output whose memory range overlaps no input and no other output");
+}
+
+template <class ExecSpace, class View>
+void check_accessible(const char*, const char*, const View&) {
+  static_assert(Kokkos::Impl::SpaceAccessibility<ExecSpace, typename View::memory_space>::accessible,
+                "longattn attention: a view's memory space is not accessible from the execution space");
+}
+
+// The checks both passes share; returns the geometry.
+template <class ExecSpace, class T, class Q, class K, class V, class O, class Lse>
+AttentionGeometry check_attention(const char* where, const Q& q, const K& k, const V& v, const O& o,
+                                  const Lse& lse, const AttentionOptions& opts) {
+  static_assert(Q::rank == 4 && K::rank == 4 && V::rank == 4 && O::rank == 4,
+                "q, k, v, o are rank-4 views [batch, tokens, heads, head dim]");
+  static_assert(Lse::rank == 3, "lse is a rank-3 view [batch, heads, queries]");
+  if constexpr (!std::is_same_v<T, float> && !std::is_same_v<T, double>)
+    throw_invalid_argument(where, "q's value type", scalar_name<T>(), "float or double");
+  check_scalar<T>(where, "k", k);
+  check_scalar<T>(where, "v", v);
+  check_scalar<T>(where, "o", o);
+  check_scalar<T>(where, "lse", lse);
+  check_accessible<ExecSpace>(where, "q", q);
+  check_accessible<ExecSpace>(where, "k", k);
+  check_accessible<ExecSpace>(where, "v", v);
+  check_accessible<ExecSpace>(where, "o", o);
+  check_accessible<ExecSpace>(where, "lse", lse);
+
+  const std::int64_t B = q.extent(0), Nq = q.extent(1), H = q.extent(2), D = q.extent(3);
+  const std::int64_t Nk = k.extent(1);
+  constexpr std::int64_t int_limit = 1 << 30;
+  const char* dims[] = {"batch", "tokens", "heads", "head dim"};
+  for (int r = 0; r < 4; ++r)
+    require(q.extent(r) > 0 && std::int64_t(q.extent(r)) < int_limit, where,
+            std::string("q.extent(") + std::to_string(r) + ")", q.extent(r),
+            std::string("a ") + dims[r] + " count in [1, 2^30)");
+  require(Nk > 0 && Nk < int_limit, where, "k.extent(1)", Nk, "a key count in [1, 2^30)");
+  require(D <= attention_max_head_dim, where, "q.extent(3)", D,
+          "a head dim of at most " + std::to_string(attention_max_head_dim));
+  check_extents(where, "k", k, {B, Nk, H, D}, "[batch, keys, heads, head dim] of q");
+  check_extents(where, "v", v, {B, Nk, H, D}, "the extents of k");
+  check_extents(where, "o", o, {B, Nq, H, D}, "the extents of q");
+  check_extents(where, "lse", lse, {B, H, Nq}, "[batch, heads, queries] of q");
+  if (opts.softmax_scale)
+    require(std::isfinite(*opts.softmax_scale), where, "opts.softmax_scale", *opts.softmax_scale,
+            "a finite number");
+  constexpr std::int64_t offset_limit = std::int64_t(1) << 62;
+  require(opts.query_offset > -offset_limit && opts.query_offset < offset_limit, where,
+          "opts.query_offset", opts.query_offset, "|offset| < 2^62");
+  require(opts.key_offset > -offset_limit && opts.key_offset < offset_limit, where,
+          "opts.key_offset", opts.key_offset, "|offset| < 2^62");
+
+  AttentionGeometry geo;
+  geo.batch = int(B);
+  geo.heads = int(H);
+  geo.queries = int(Nq);
+  geo.keys = int(Nk);
+  geo.head_dim = int(D);
+  geo.query_offset = opts.query_offset;
+  geo.key_offset = opts.key_offset;
+  geo.causal = opts.causal;
+  return geo;
+}
+
+inline double softmax_scale(const AttentionOptions& opts, int head_dim) {
+  return opts.softmax_scale ? *opts.softmax_scale : 1.0 / std::sqrt(double(head_dim));
+}
+
+// The dense pattern of q against k (extents are checked later, with everything else).
+template <class ExecSpace, class T, class Q, class K>
+DenseBlocks dense_blocks(const Q& q, const K& k, const AttentionOptions& opts) {
+  DenseBlocks blocks;
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>)
+    blocks.block = AttentionTiles<ExecSpace, T>::block;
+  blocks.queries = static_cast<int>(q.extent(1));
+  blocks.keys = static_cast<int>(k.extent(1));
+  blocks.query_offset = opts.query_offset;
+  blocks.key_offset = opts.key_offset;
+  blocks.causal = opts.causal;
+  return blocks;
+}
+
+// A block pattern must be cut in the kernel's blocks and cover q's and k's tokens.
+template <class ExecSpace, class T, class Blocks>
+void check_blocks(const char* where, const Blocks& blocks, const AttentionGeometry& geo) {
+  const int block = AttentionTiles<ExecSpace, T>::block;
+  require(blocks.block == block, where, "blocks.block", blocks.block,
+          std::to_string(block) + " (the kernel's block size here)");
+  const int query_blocks = (geo.queries + block - 1) / block, key_blocks = (geo.keys + block - 1) / block;
+  require(blocks.query_blocks() == query_blocks, where, "blocks.query_blocks()", blocks.query_blocks(),
+          std::to_string(query_blocks) + " (blocks of q's tokens)");
+  require(blocks.key_blocks() == key_blocks, where, "blocks.key_blocks()", blocks.key_blocks(),
+          std::to_string(key_blocks) + " (blocks of k's tokens)");
+}
+
+// Runs a team kernel with its scratch in level 0 (fast: shared memory on a GPU) where it fits,
+// else level 1.
+template <class ExecSpace, class Kernel>
+void run_team_kernel(const char* label, const ExecSpace& exec, Kernel kernel) {
+  using Policy = Kokkos::TeamPolicy<ExecSpace, Kokkos::Schedule<Kokkos::Dynamic>>;
+  const std::size_t bytes = Kernel::scratch_bytes(kernel.geo.head_dim);
+  kernel.scratch_level = bytes <= std::size_t(Policy::scratch_size_max(0)) ? 0 : 1;
+  const Policy policy =
+      Policy(exec, kernel.league_size(), Kernel::Tiles::team_size)
+          .set_scratch_size(kernel.scratch_level, Kokkos::PerTeam(bytes));
+  Kokkos::parallel_for(label, policy, kernel);
+}
+
+}  // namespace detail
+
+// ---------------------------------------------------------------------------------------------
+template <class ExecSpace, class Q, class K, class V, class O, class Lse, class Blocks>
+void attention_forward(const ExecSpace& exec, const Q& q, const K& k, const V& v, const O& o,
+                       const Lse& lse, const AttentionOptions& opts, const Blocks& blocks) {
+  using T = detail::scalar_of<Q>;
+  const char* where = "longattn::attention_forward";
+  const detail::AttentionGeometry geo = detail::check_attention<ExecSpace, T>(where, q, k, v, o, lse, opts);
+  detail::check_no_alias(where, "o", o, "q", q);
+  detail::check_no_alias(where, "o", o, "k", k);
+  detail::check_no_alias(where, "o", o, "v", v);
+  detail::check_no_alias(where, "lse", lse, "q", q);
+  detail::check_no_alias(where, "lse", lse, "k", k);
+  detail::check_no_alias(where, "lse", lse, "v", v);
+  detail::check_no_alias(where, "lse", lse, "o", o);
+  if constexpr (detail::runnable<T, K, V, O, Lse>) {
+    detail::check_blocks<ExecSpace, T>(where, blocks, geo);
+    const double scale = detail::softmax_scale(opts, geo.head_dim);
+    detail::ForwardKernel<ExecSpace, T, Blocks> kernel{q, k, v, o, lse, geo, blocks,
+                                                       T(scale * detail::log2_e<double>()), 0};
+    detail::run_team_kernel("longattn::attention_forward", exec, kernel);
+  }
+}
+
+template <class ExecSpace, class Q, class K, class V, class O, class Lse>
+void attention_forward(const ExecSpace& exec, const Q& q, const K& k, const V& v, const O& o,
+                       const Lse& lse, const AttentionOptions& opts = {}) {
+  attention_forward(exec, q, k, v, o, lse, opts,
+                    detail::dense_blocks<ExecSpace, detail::scalar_of<Q>>(q, k, opts));
+}
+
+// ---------------------------------------------------------------------------------------------
+template <class ExecSpace, class Q, class K, class V, class O, class DO, class Lse, class DQ,
+          class DK, class DV, class Blocks>
+void attention_backward(const ExecSpace& exec, const Q& q, const K& k, const V& v, const O& o,
+                        const DO& d_o, const Lse& lse, const DQ& dq, const DK& dk, const DV& dv,
+                        const AttentionOptions& opts, const Blocks& blocks) {
+  using T = detail::scalar_of<Q>;
+  const char* where = "longattn::attention_backward";
+  const detail::AttentionGeometry geo = detail::check_attention<ExecSpace, T>(where, q, k, v, o, lse, opts);
+  static_assert(DO::rank == 4 && DQ::rank == 4 && DK::rank == 4 && DV::rank == 4,
+                "d_o, dq, dk, dv are rank-4 views [batch, tokens, heads, head dim]");
+  detail::check_scalar<T>(where, "d_o", d_o);
+  detail::check_scalar<T>(where, "dq", dq);
+  detail::check_scalar<T>(where, "dk", dk);
+  detail::check_scalar<T>(where, "dv", dv);
+  detail::check_accessible<ExecSpace>(where, "d_o", d_o);
+  detail::check_accessible<ExecSpace>(where, "dq", dq);
+  detail::check_accessible<ExecSpace>(where, "dk", dk);
+  detail::check_accessible<ExecSpace>(where, "dv", dv);
+  const std::int64_t B = geo.batch, Nq = geo.queries, Nk = geo.keys, H = geo.heads, D = geo.head_dim;
+  detail::check_extents(where, "d_o", d_o, {B, Nq, H, D}, "the extents of o");
+  detail::check_extents(where, "dq", dq, {B, Nq, H, D}, "the extents of q");
+  detail::check_extents(where, "dk", dk, {B, Nk, H, D}, "the extents of k");
+  detail::check_extents(where, "dv", dv, {B, Nk, H, D}, "the extents of v");
+  auto no_alias = [&](const char* name, const auto& output) {
+    detail::check_no_alias(where, name, output, "q", q);
+    detail::check_no_alias(where, name, output, "k", k);
+    detail::check_no_alias(where, name, output, "v", v);
+    detail::check_no_alias(where, name, output, "o", o);
+    detail::check_no_alias(where, name, output, "d_o", d_o);
+    detail::check_no_alias(where, name, output, "lse", lse);
+  };
+  no_alias("dq", dq);
+  no_alias("dk", dk);
+  no_alias("dv", dv);
+  detail::check_no_alias(where, "dq", dq, "dk", dk);
+  detail::check_no_alias(where, "dq", dq, "dv", dv);
+  detail::check_no_alias(where, "dk", dk, "dv", dv);
+
+  if constexpr (detail::runnable<T, K, V, O, DO, Lse, DQ, DK, DV>) {
+    detail::check_blocks<ExecSpace, T>(where, blocks, geo);
+    const double scale = detail::softmax_scale(opts, geo.head_dim);
+    const T scale_log2 = T(scale * detail::log2_e<double>());
+    using Memory = typename ExecSpace::memory_space;
+    const Kokkos::View<T***, Memory> delta(
+        Kokkos::view_alloc(exec, Kokkos::WithoutInitializing, "longattn::attention_backward::delta"),
+        geo.batch, geo.heads, geo.queries);
+    Kokkos::parallel_for("longattn::attention_backward::delta",
+                         Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(exec, 0, B * H * Nq),
+                         detail::DeltaKernel<ExecSpace, T>{o, d_o, delta, geo.heads, geo.queries, geo.head_dim});
+    detail::run_team_kernel("longattn::attention_backward::dk_dv", exec,
+                            detail::KeyGradientKernel<ExecSpace, T, Blocks>{
+                                q, k, v, d_o, lse, delta, dk, dv, geo, blocks, scale_log2, 0});
+    detail::run_team_kernel("longattn::attention_backward::dq", exec,
+                            detail::QueryGradientKernel<ExecSpace, T, Blocks>{
+                                q, k, v, d_o, lse, delta, dq, geo, blocks, T(scale), scale_log2, 0});
+  }
+}
+
+template <class ExecSpace, class Q, class K, class V, class O, class DO, class Lse, class DQ,
+          class DK, class DV>
+void attention_backward(const ExecSpace& exec, const Q& q, const K& k, const V& v, const O& o,
+                        const DO& d_o, const Lse& lse, const DQ& dq, const DK& dk, const DV& dv,
+                        const AttentionOptions& opts = {}) {
+  attention_backward(exec, q, k, v, o, d_o, lse, dq, dk, dv, opts,
+                     detail::dense_blocks<ExecSpace, detail::scalar_of<Q>>(q, k, opts));
+}
+
+}  // namespace longattn

@@ -1,0 +1,460 @@
+// The fused attention kernels (FlashAttention-2 algorithm) as Kokkos team functors:
+//   ForwardKernel       one team per (batch, head, query block): O and LSE
+//   DeltaKernel         Delta[b,h,i] = sum_d dO[i][d] O[i][d] (backward's softmax correction)
+//   KeyGradientKernel   one team per (batch, head, key block): dK and dV
+//   QueryGradientKernel one team per (batch, head, query block): dQ
+// The dK/dV and dQ passes each own their outputs, so the backward pass needs no atomics and is
+// deterministic; the price is recomputing S and dP in both passes (7 block products instead of
+// FlashAttention-2's 5).
+//
+// Scores are kept in log2 units: the resident Q block is pre-multiplied by scale * log2(e), so
+// the softmax is exp2 of differences, and LSE is converted to the natural log on output.
+// Every product is detail::tile_mma on team scratch; only block loads and stores touch the
+// (possibly strided) global views.
+#pragma once
+
+#include <Kokkos_Core.hpp>
+
+#include <cstdint>
+
+#include "longattn/core/detail/tile_mma.hpp"
+
+namespace longattn::detail {
+
+template <class T, class ExecSpace>
+using Tensor4 = Kokkos::View<T****, Kokkos::LayoutStride, typename ExecSpace::memory_space,
+                             Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+template <class T, class ExecSpace>
+using Tensor3 = Kokkos::View<T***, Kokkos::LayoutStride, typename ExecSpace::memory_space,
+                             Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+
+// Sizes and masking rule shared by all kernels. A key at global position key_offset + j is
+// visible to the query at query_offset + i unless causal and key position > query position.
+struct AttentionGeometry {
+  int batch = 0, heads = 0, queries = 0, keys = 0, head_dim = 0;
+  std::int64_t query_offset = 0, key_offset = 0;
+  bool causal = false;
+
+  // Whether the block pair has any masked entry (then the kernel masks element-wise).
+  KOKKOS_INLINE_FUNCTION bool needs_mask(int query_first, int key_first, int key_count) const {
+    return causal && key_offset + key_first + key_count - 1 > query_offset + query_first;
+  }
+  KOKKOS_INLINE_FUNCTION bool masked(int query, int key) const {
+    return causal && key_offset + key > query_offset + query;
+  }
+};
+
+// Carves 64-byte aligned arrays out of a team's scratch (whole cache lines, aligned vector loads).
+template <class Member>
+struct ScratchArena {
+  static constexpr int alignment = 64;
+  const Member& team;
+  int level;
+  template <class T>
+  KOKKOS_INLINE_FUNCTION T* take(int count) const {
+    return static_cast<T*>(team.team_scratch(level).get_shmem_aligned(count * sizeof(T), alignment));
+  }
+  static constexpr std::size_t bytes(std::size_t count, std::size_t element) {
+    return count * element + alignment;
+  }
+};
+
+template <class T>
+KOKKOS_INLINE_FUNCTION constexpr T log2_e() { return T(1.4426950408889634074); }
+template <class T>
+KOKKOS_INLINE_FUNCTION constexpr T ln_2() { return T(0.69314718055994530942); }
+template <class T>
+KOKKOS_INLINE_FUNCTION constexpr T minus_infinity() { return -Kokkos::Experimental::infinity<T>::value; }
+
+// Prefetches part `part` of `parts` of rows [first, first + count) of a tensor's (b, h) slice,
+// a cache line at a time. Called from tile_mma's after_tile hook with the next block's rows.
+template <class Tensor>
+KOKKOS_INLINE_FUNCTION void prefetch_rows(const Tensor& x, int b, int h, int first, int count,
+                                          int head_dim, int part, int parts) {
+  constexpr int line = 64 / sizeof(typename Tensor::value_type);
+  const int begin = first + part * count / parts, end = first + (part + 1) * count / parts;
+  for (int j = begin; j < end; ++j)
+    for (int d = 0; d < head_dim; d += line) prefetch(&x(b, j, h, d));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Forward. Scratch (L = block tokens, D = head dim): Qt[D][L] (queries along lanes), K and V
+// blocks [L][D], St[L][L] (scores, then probabilities, key-major), Ot[D][L] (unnormalized
+// output), running max m[L] and sum l[L].
+template <class ExecSpace, class T, class Pattern>
+struct ForwardKernel {
+  using Tiles = AttentionTiles<ExecSpace, T>;
+  using Member = typename Kokkos::TeamPolicy<ExecSpace>::member_type;
+  using P = Pack<T, Tiles::lanes>;
+  static constexpr int L = Tiles::block;
+  static constexpr int W = Tiles::lanes;
+
+  Tensor4<const T, ExecSpace> q, k, v;
+  Tensor4<T, ExecSpace> o;
+  Tensor3<T, ExecSpace> lse;
+  AttentionGeometry geo;
+  Pattern pattern;
+  T scale_log2;  // softmax scale * log2(e)
+  int scratch_level;
+
+  static std::size_t scratch_bytes(int head_dim) {
+    using A = ScratchArena<Member>;
+    const std::size_t D = head_dim, e = sizeof(T);
+    return 4 * A::bytes(D * L, e) + A::bytes(L * L, e) + 2 * A::bytes(L, e);
+  }
+  int league_size() const { return geo.batch * geo.heads * pattern.query_blocks(); }
+
+  KOKKOS_INLINE_FUNCTION void operator()(const Member& team) const {
+    const int D = geo.head_dim;
+    const int query_blocks = pattern.query_blocks();
+    // Late query blocks see the most keys under a causal mask: hand them out first.
+    int index = team.league_rank();
+    const int qb = query_blocks - 1 - index % query_blocks;
+    index /= query_blocks;
+    const int h = index % geo.heads, b = index / geo.heads;
+    const int q_first = qb * L;
+    const int q_count = geo.queries - q_first < L ? geo.queries - q_first : L;
+
+    const ScratchArena<Member> arena{team, scratch_level};
+    T* qt = arena.template take<T>(D * L);
+    T* ks = arena.template take<T>(L * D);
+    T* vs = arena.template take<T>(L * D);
+    T* st = arena.template take<T>(L * L);
+    T* ot = arena.template take<T>(D * L);
+    T* m = arena.template take<T>(L);
+    T* l = arena.template take<T>(L);
+
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, D), [&](int d) {
+      for (int i = 0; i < L; ++i) {
+        qt[d * L + i] = i < q_count ? q(b, q_first + i, h, d) * scale_log2 : T(0);
+        ot[d * L + i] = T(0);
+      }
+    });
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, L), [&](int i) {
+      m[i] = minus_infinity<T>();
+      l[i] = T(0);
+    });
+    team.team_barrier();
+
+    const int visits = pattern.key_block_count(qb);
+    for (int n = 0; n < visits; ++n) {
+      const int k_first = pattern.key_block(qb, n) * L;
+      const int k_count = geo.keys - k_first < L ? geo.keys - k_first : L;
+      Kokkos::parallel_for(Kokkos::TeamThreadRange(team, k_count), [&](int j) {
+        for (int d = 0; d < D; ++d) {
+          ks[j * D + d] = k(b, k_first + j, h, d);
+          vs[j * D + d] = v(b, k_first + j, h, d);
+        }
+      });
+      team.team_barrier();
+      // The next block's K rows are fetched during this product, its V rows during the other.
+      const int next_first = n + 1 < visits ? pattern.key_block(qb, n + 1) * L : 0;
+      const int next_count = n + 1 < visits ? (geo.keys - next_first < L ? geo.keys - next_first : L) : 0;
+      // St[j][i] = sum_d K[j][d] Qt[d][i]
+      tile_mma<Tiles>(team, k_count, L, D, ks, D, 1, qt, L, st, L, false, [&](int tile, int tiles) {
+        prefetch_rows(k, b, h, next_first, next_count, D, tile, tiles);
+      });
+      team.team_barrier();
+      if (geo.needs_mask(q_first, k_first, k_count)) {
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, k_count), [&](int j) {
+          for (int i = 0; i < L; ++i)
+            if (geo.masked(q_first + i, k_first + j)) st[j * L + i] = minus_infinity<T>();
+        });
+        team.team_barrier();
+      }
+      // Online softmax, one pack of queries at a time: new max, rescale l and Ot by
+      // 2^(m_old - m_new), probabilities into St.
+      Kokkos::parallel_for(Kokkos::TeamThreadRange(team, L / W), [&](int pack) {
+        const int i = pack * W;
+        const P m_old = P::load(m + i);
+        P m_new = m_old;
+        for (int j = 0; j < k_count; ++j) m_new = max(m_new, P::load(st + j * L + i));
+        // Rows with every key masked so far keep m = -inf; subtract 0 there, not -inf.
+        const P m_ref = select_equal(m_new, minus_infinity<T>(), P::broadcast(T(0)));
+        const P alpha = exp2(m_old - m_ref);
+        P sum = P::broadcast(T(0));
+        for (int j = 0; j < k_count; ++j) {
+          const P p = exp2(P::load(st + j * L + i) - m_ref);
+          p.store(st + j * L + i);
+          sum = sum + p;
+        }
+        fma(P::load(l + i), alpha, sum).store(l + i);
+        m_new.store(m + i);
+        for (int d = 0; d < D; ++d) (P::load(ot + d * L + i) * alpha).store(ot + d * L + i);
+      });
+      team.team_barrier();
+      // Ot[d][i] += sum_j V[j][d] Pt[j][i]
+      tile_mma<Tiles>(team, D, L, k_count, vs, 1, D, st, L, ot, L, true, [&](int tile, int tiles) {
+        prefetch_rows(v, b, h, next_first, next_count, D, tile, tiles);
+      });
+      team.team_barrier();
+    }
+
+    // O = Ot / l; LSE = ln(2) (m + log2 l). A query that sees no key gets O = 0, LSE = -inf.
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, q_count), [&](int i) {
+      const T sum = l[i];
+      const T inverse = sum > T(0) ? T(1) / sum : T(0);
+      for (int d = 0; d < D; ++d) o(b, q_first + i, h, d) = ot[d * L + i] * inverse;
+      lse(b, h, q_first + i) =
+          sum > T(0) ? (m[i] + Kokkos::Experimental::log2(sum)) * ln_2<T>() : minus_infinity<T>();
+    });
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
+// Delta[b, h, i] = sum_d dO[b,i,h,d] O[b,i,h,d]: the row sums that turn dP into dS.
+template <class ExecSpace, class T>
+struct DeltaKernel {
+  Tensor4<const T, ExecSpace> o, d_o;
+  Kokkos::View<T***, typename ExecSpace::memory_space> delta;  // [B, H, Nq]
+  int heads, queries, head_dim;
+
+  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t row) const {
+    const int i = static_cast<int>(row % queries);
+    const int h = static_cast<int>(row / queries % heads);
+    const int b = static_cast<int>(row / queries / heads);
+    T sum = 0;
+    for (int d = 0; d < head_dim; ++d) sum += d_o(b, i, h, d) * o(b, i, h, d);
+    delta(b, h, i) = sum;
+  }
+};
+
+// Loads the per-query values of the backward pass for queries [first, first + count): LSE in
+// log2 units and Delta. A query that sees no key (LSE = -inf) gets +inf, so that every one of
+// its probabilities 2^(s - lse2) is 0.
+template <class T, class Lse, class Delta>
+KOKKOS_INLINE_FUNCTION void load_row_statistics(const Lse& lse, const Delta& delta, int b, int h,
+                                                int i, T& lse2, T& row_delta) {
+  const T value = lse(b, h, i);
+  lse2 = value == minus_infinity<T>() ? -minus_infinity<T>() : value * log2_e<T>();
+  row_delta = delta(b, h, i);
+}
+
+// ---------------------------------------------------------------------------------------------
+// dK and dV. Keys along lanes. Scratch: Kt[D][L], Vt[D][L], the query block's Q (scaled) and
+// dO [L][D], S[L][L] (then P), dP[L][L] (then dS), dKt[D][L], dVt[D][L], lse2[L], delta[L].
+template <class ExecSpace, class T, class Pattern>
+struct KeyGradientKernel {
+  using Tiles = AttentionTiles<ExecSpace, T>;
+  using Member = typename Kokkos::TeamPolicy<ExecSpace>::member_type;
+  using P = Pack<T, Tiles::lanes>;
+  static constexpr int L = Tiles::block;
+  static constexpr int W = Tiles::lanes;
+
+  Tensor4<const T, ExecSpace> q, k, v, d_o;
+  Tensor3<const T, ExecSpace> lse;
+  Kokkos::View<T***, typename ExecSpace::memory_space> delta;
+  Tensor4<T, ExecSpace> dk, dv;
+  AttentionGeometry geo;
+  Pattern pattern;
+  T scale_log2;
+  int scratch_level;
+
+  static std::size_t scratch_bytes(int head_dim) {
+    using A = ScratchArena<Member>;
+    const std::size_t D = head_dim, e = sizeof(T);
+    return 6 * A::bytes(D * L, e) + 2 * A::bytes(L * L, e) + 2 * A::bytes(L, e);
+  }
+  int league_size() const { return geo.batch * geo.heads * pattern.key_blocks(); }
+
+  KOKKOS_INLINE_FUNCTION void operator()(const Member& team) const {
+    const int D = geo.head_dim;
+    const int key_blocks = pattern.key_blocks();
+    // Early key blocks are seen by the most queries under a causal mask: first.
+    int index = team.league_rank();
+    const int kb = index % key_blocks;
+    index /= key_blocks;
+    const int h = index % geo.heads, b = index / geo.heads;
+    const int k_first = kb * L;
+    const int k_count = geo.keys - k_first < L ? geo.keys - k_first : L;
+
+    const ScratchArena<Member> arena{team, scratch_level};
+    T* kt = arena.template take<T>(D * L);
+    T* vt = arena.template take<T>(D * L);
+    T* qs = arena.template take<T>(L * D);
+    T* dos = arena.template take<T>(L * D);
+    T* s = arena.template take<T>(L * L);
+    T* dp = arena.template take<T>(L * L);
+    T* dkt = arena.template take<T>(D * L);
+    T* dvt = arena.template take<T>(D * L);
+    T* lse2 = arena.template take<T>(L);
+    T* delta_rows = arena.template take<T>(L);
+
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, D), [&](int d) {
+      for (int j = 0; j < L; ++j) {
+        kt[d * L + j] = j < k_count ? k(b, k_first + j, h, d) : T(0);
+        vt[d * L + j] = j < k_count ? v(b, k_first + j, h, d) : T(0);
+        dkt[d * L + j] = T(0);
+        dvt[d * L + j] = T(0);
+      }
+    });
+
+    const int visits = pattern.query_block_count(kb);
+    for (int n = 0; n < visits; ++n) {
+      const int q_first = pattern.query_block(kb, n) * L;
+      const int q_count = geo.queries - q_first < L ? geo.queries - q_first : L;
+      team.team_barrier();  // the previous block's products are done with qs, dos, s, dp
+      Kokkos::parallel_for(Kokkos::TeamThreadRange(team, q_count), [&](int i) {
+        for (int d = 0; d < D; ++d) {
+          qs[i * D + d] = q(b, q_first + i, h, d) * scale_log2;
+          dos[i * D + d] = d_o(b, q_first + i, h, d);
+        }
+        load_row_statistics(lse, delta, b, h, q_first + i, lse2[i], delta_rows[i]);
+      });
+      team.team_barrier();
+      // The next query block's Q rows are fetched during the first product, dO rows during the second.
+      const int next_first = n + 1 < visits ? pattern.query_block(kb, n + 1) * L : 0;
+      const int next_count = n + 1 < visits ? (geo.queries - next_first < L ? geo.queries - next_first : L) : 0;
+      // S[i][j] = sum_d Q[i][d] Kt[d][j];  dP[i][j] = sum_d dO[i][d] Vt[d][j]
+      tile_mma<Tiles>(team, q_count, L, D, qs, D, 1, kt, L, s, L, false, [&](int tile, int tiles) {
+        prefetch_rows(q, b, h, next_first, next_count, D, tile, tiles);
+      });
+      tile_mma<Tiles>(team, q_count, L, D, dos, D, 1, vt, L, dp, L, false, [&](int tile, int tiles) {
+        prefetch_rows(d_o, b, h, next_first, next_count, D, tile, tiles);
+      });
+      team.team_barrier();
+      // Keys past the end of the sequence are masked too: their lanes hold zero-padded K.
+      if (geo.needs_mask(q_first, k_first, k_count) || k_count < L) {
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, q_count), [&](int i) {
+          for (int j = 0; j < L; ++j)
+            if (j >= k_count || geo.masked(q_first + i, k_first + j)) s[i * L + j] = minus_infinity<T>();
+        });
+        team.team_barrier();
+      }
+      // P = 2^(S - lse2);  dS = P (dP - Delta)
+      Kokkos::parallel_for(Kokkos::TeamThreadRange(team, q_count * (L / W)), [&](int item) {
+        const int i = item / (L / W), j = (item % (L / W)) * W;
+        const P p = exp2(P::load(s + i * L + j) - P::broadcast(lse2[i]));
+        p.store(s + i * L + j);
+        (p * (P::load(dp + i * L + j) - P::broadcast(delta_rows[i]))).store(dp + i * L + j);
+      });
+      team.team_barrier();
+      // dVt[d][j] += sum_i dO[i][d] P[i][j];  dKt[d][j] += sum_i Q[i][d] dS[i][j]
+      tile_mma<Tiles>(team, D, L, q_count, dos, 1, D, s, L, dvt, L, true);
+      tile_mma<Tiles>(team, D, L, q_count, qs, 1, D, dp, L, dkt, L, true);
+    }
+    team.team_barrier();
+
+    // dK = scale * dS^T Q; Q was scaled by scale * log2(e), so dKt carries an extra log2(e).
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, k_count), [&](int j) {
+      for (int d = 0; d < D; ++d) {
+        dk(b, k_first + j, h, d) = dkt[d * L + j] * ln_2<T>();
+        dv(b, k_first + j, h, d) = dvt[d * L + j];
+      }
+    });
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
+// dQ. Queries along lanes, like the forward pass. Scratch: Qt[D][L] (scaled), dOt[D][L], K and
+// V blocks [L][D], St[L][L] (then P), dPt[L][L] (then dS), dQt[D][L], lse2[L], delta[L].
+template <class ExecSpace, class T, class Pattern>
+struct QueryGradientKernel {
+  using Tiles = AttentionTiles<ExecSpace, T>;
+  using Member = typename Kokkos::TeamPolicy<ExecSpace>::member_type;
+  using P = Pack<T, Tiles::lanes>;
+  static constexpr int L = Tiles::block;
+  static constexpr int W = Tiles::lanes;
+
+  Tensor4<const T, ExecSpace> q, k, v, d_o;
+  Tensor3<const T, ExecSpace> lse;
+  Kokkos::View<T***, typename ExecSpace::memory_space> delta;
+  Tensor4<T, ExecSpace> dq;
+  AttentionGeometry geo;
+  Pattern pattern;
+  T scale;
+  T scale_log2;
+  int scratch_level;
+
+  static std::size_t scratch_bytes(int head_dim) {
+    using A = ScratchArena<Member>;
+    const std::size_t D = head_dim, e = sizeof(T);
+    return 5 * A::bytes(D * L, e) + 2 * A::bytes(L * L, e) + 2 * A::bytes(L, e);
+  }
+  int league_size() const { return geo.batch * geo.heads * pattern.query_blocks(); }
+
+  KOKKOS_INLINE_FUNCTION void operator()(const Member& team) const {
+    const int D = geo.head_dim;
+    const int query_blocks = pattern.query_blocks();
+    int index = team.league_rank();
+    const int qb = query_blocks - 1 - index % query_blocks;
+    index /= query_blocks;
+    const int h = index % geo.heads, b = index / geo.heads;
+    const int q_first = qb * L;
+    const int q_count = geo.queries - q_first < L ? geo.queries - q_first : L;
+
+    const ScratchArena<Member> arena{team, scratch_level};
+    T* qt = arena.template take<T>(D * L);
+    T* dot = arena.template take<T>(D * L);
+    T* ks = arena.template take<T>(L * D);
+    T* vs = arena.template take<T>(L * D);
+    T* st = arena.template take<T>(L * L);
+    T* dpt = arena.template take<T>(L * L);
+    T* dqt = arena.template take<T>(D * L);
+    T* lse2 = arena.template take<T>(L);
+    T* delta_rows = arena.template take<T>(L);
+
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, D), [&](int d) {
+      for (int i = 0; i < L; ++i) {
+        qt[d * L + i] = i < q_count ? q(b, q_first + i, h, d) * scale_log2 : T(0);
+        dot[d * L + i] = i < q_count ? d_o(b, q_first + i, h, d) : T(0);
+        dqt[d * L + i] = T(0);
+      }
+    });
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, L), [&](int i) {
+      if (i < q_count) {
+        load_row_statistics(lse, delta, b, h, q_first + i, lse2[i], delta_rows[i]);
+      } else {  // padded lanes: probability 0
+        lse2[i] = -minus_infinity<T>();
+        delta_rows[i] = T(0);
+      }
+    });
+
+    const int visits = pattern.key_block_count(qb);
+    for (int n = 0; n < visits; ++n) {
+      const int k_first = pattern.key_block(qb, n) * L;
+      const int k_count = geo.keys - k_first < L ? geo.keys - k_first : L;
+      team.team_barrier();
+      Kokkos::parallel_for(Kokkos::TeamThreadRange(team, k_count), [&](int j) {
+        for (int d = 0; d < D; ++d) {
+          ks[j * D + d] = k(b, k_first + j, h, d);
+          vs[j * D + d] = v(b, k_first + j, h, d);
+        }
+      });
+      team.team_barrier();
+      const int next_first = n + 1 < visits ? pattern.key_block(qb, n + 1) * L : 0;
+      const int next_count = n + 1 < visits ? (geo.keys - next_first < L ? geo.keys - next_first : L) : 0;
+      // St[j][i] = sum_d K[j][d] Qt[d][i];  dPt[j][i] = sum_d V[j][d] dOt[d][i]
+      tile_mma<Tiles>(team, k_count, L, D, ks, D, 1, qt, L, st, L, false, [&](int tile, int tiles) {
+        prefetch_rows(k, b, h, next_first, next_count, D, tile, tiles);
+      });
+      tile_mma<Tiles>(team, k_count, L, D, vs, D, 1, dot, L, dpt, L, false, [&](int tile, int tiles) {
+        prefetch_rows(v, b, h, next_first, next_count, D, tile, tiles);
+      });
+      team.team_barrier();
+      if (geo.needs_mask(q_first, k_first, k_count)) {
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, k_count), [&](int j) {
+          for (int i = 0; i < L; ++i)
+            if (geo.masked(q_first + i, k_first + j)) st[j * L + i] = minus_infinity<T>();
+        });
+        team.team_barrier();
+      }
+      // dSt = 2^(St - lse2) (dPt - Delta)
+      Kokkos::parallel_for(Kokkos::TeamThreadRange(team, k_count * (L / W)), [&](int item) {
+        const int j = item / (L / W), i = (item % (L / W)) * W;
+        const P p = exp2(P::load(st + j * L + i) - P::load(lse2 + i));
+        (p * (P::load(dpt + j * L + i) - P::load(delta_rows + i))).store(dpt + j * L + i);
+      });
+      team.team_barrier();
+      // dQt[d][i] += sum_j K[j][d] dSt[j][i]
+      tile_mma<Tiles>(team, D, L, k_count, ks, 1, D, dpt, L, dqt, L, true);
+    }
+    team.team_barrier();
+
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, q_count), [&](int i) {
+      for (int d = 0; d < D; ++d) dq(b, q_first + i, h, d) = dqt[d * L + i] * scale;
+    });
+  }
+};
+
+}  // namespace longattn::detail

@@ -1,0 +1,85 @@
+// merge_partial(exec, o, lse, o_part, lse_part): folds a partial attention result (the output
+// and LSE of the same queries over another set of keys) into (o, lse), in place:
+//   o   <- (e^lse o + e^lse_part o_part) / (e^lse + e^lse_part)
+//   lse <- log(e^lse + e^lse_part)
+// computed relative to max(lse, lse_part) so nothing overflows. A side with lse = -inf (its
+// queries saw no key) contributes nothing, whatever its o holds; when both are -inf, o and lse
+// are left as they are. This is ring attention's accumulation over key shards and LongNet's
+// mixing of dilation configurations. Shapes: o, o_part [B, N, H, D]; lse, lse_part [B, H, N].
+#pragma once
+
+#include <Kokkos_Core.hpp>
+
+#include <cstdint>
+
+#include "longattn/core/attention.hpp"
+
+namespace longattn {
+
+namespace detail {
+
+template <class ExecSpace, class T>
+struct MergePartialKernel {
+  Tensor4<T, ExecSpace> o;
+  Tensor3<T, ExecSpace> lse;
+  Tensor4<const T, ExecSpace> o_part;
+  Tensor3<const T, ExecSpace> lse_part;
+  int tokens, heads, head_dim;
+
+  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t row) const {
+    const int h = static_cast<int>(row % heads);
+    const int i = static_cast<int>(row / heads % tokens);
+    const int b = static_cast<int>(row / heads / tokens);
+    const T mine = lse(b, h, i), theirs = lse_part(b, h, i);
+    if (theirs == minus_infinity<T>()) return;
+    if (mine == minus_infinity<T>()) {
+      for (int d = 0; d < head_dim; ++d) o(b, i, h, d) = o_part(b, i, h, d);
+      lse(b, h, i) = theirs;
+      return;
+    }
+    const T top = mine < theirs ? theirs : mine;
+    const T w_mine = Kokkos::Experimental::exp(mine - top);
+    const T w_theirs = Kokkos::Experimental::exp(theirs - top);
+    const T inverse = T(1) / (w_mine + w_theirs);
+    for (int d = 0; d < head_dim; ++d)
+      o(b, i, h, d) = (w_mine * o(b, i, h, d) + w_theirs * o_part(b, i, h, d)) * inverse;
+    lse(b, h, i) = top + Kokkos::Experimental::log(w_mine + w_theirs);
+  }
+};
+
+}  // namespace detail
+
+template <class ExecSpace, class O, class Lse, class OPart, class LsePart>
+void merge_partial(const ExecSpace& exec, const O& o, const Lse& lse, const OPart& o_part,
+                   const LsePart& lse_part) {
+  static_assert(O::rank == 4 && OPart::rank == 4, "o, o_part are rank-4 views [batch, tokens, heads, head dim]");
+  static_assert(Lse::rank == 3 && LsePart::rank == 3, "lse, lse_part are rank-3 views [batch, heads, tokens]");
+  using T = detail::scalar_of<O>;
+  const char* where = "longattn::merge_partial";
+  if constexpr (!std::is_same_v<T, float> && !std::is_same_v<T, double>)
+    throw_invalid_argument(where, "o's value type", detail::scalar_name<T>(), "float or double");
+  detail::check_scalar<T>(where, "lse", lse);
+  detail::check_scalar<T>(where, "o_part", o_part);
+  detail::check_scalar<T>(where, "lse_part", lse_part);
+  detail::check_accessible<ExecSpace>(where, "o", o);
+  detail::check_accessible<ExecSpace>(where, "lse", lse);
+  detail::check_accessible<ExecSpace>(where, "o_part", o_part);
+  detail::check_accessible<ExecSpace>(where, "lse_part", lse_part);
+  const std::int64_t B = o.extent(0), N = o.extent(1), H = o.extent(2), D = o.extent(3);
+  detail::check_extents(where, "lse", lse, {B, H, N}, "[batch, heads, tokens] of o");
+  detail::check_extents(where, "o_part", o_part, {B, N, H, D}, "the extents of o");
+  detail::check_extents(where, "lse_part", lse_part, {B, H, N}, "the extents of lse");
+  detail::check_no_alias(where, "o", o, "o_part", o_part);
+  detail::check_no_alias(where, "o", o, "lse_part", lse_part);
+  detail::check_no_alias(where, "o", o, "lse", lse);
+  detail::check_no_alias(where, "lse", lse, "o_part", o_part);
+  detail::check_no_alias(where, "lse", lse, "lse_part", lse_part);
+  if (B * N * H * D == 0) return;
+  if constexpr (detail::runnable<T, Lse, OPart, LsePart>) {
+    Kokkos::parallel_for("longattn::merge_partial",
+                         Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(exec, 0, B * N * H),
+                         detail::MergePartialKernel<ExecSpace, T>{o, lse, o_part, lse_part, int(N), int(H), int(D)});
+  }
+}
+
+}  // namespace longattn

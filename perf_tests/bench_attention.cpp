@@ -1,0 +1,150 @@
+// The fused attention kernels on this machine: forward and forward + backward GFLOP/s for B = 1,
+// H = 8, D = 64 and 128, N = 1K..16K, causal and not, fp32, on all cores of the default host
+// execution space; and the peak extra memory of forward + backward for N = 4K, 16K, 64K.
+//
+// FLOPs counted (the convention of FlashAttention and of the issue): forward 4 B H Nq Nk D
+// (two products of 2 B H Nq Nk D), backward 2.5x that, both halved when causal. The kernels'
+// own work is larger: the backward pass recomputes S and dP once more for dQ (7 products where
+// 5 are counted). Bytes: the minimum a pass must move, every tensor once (forward: read q, k,
+// v, write o and lse; backward: read q, k, v, o, dO, lse, write dq, dk, dv).
+// fraction_of_peak divides by the FMA peak of all cores, measured at start-up the way
+// longattn-info measures it.
+#include <benchmark/benchmark.h>
+
+#include <Kokkos_Random.hpp>
+
+#include <fstream>
+#include <string>
+
+#include "longattn/core/attention.hpp"
+#include "longattn/core/ceilings.hpp"
+#include "longattn/core/runtime.hpp"
+
+namespace {
+
+using Exec = Kokkos::DefaultHostExecutionSpace;
+using Tensor = Kokkos::View<float****, Kokkos::LayoutRight, Exec::memory_space>;
+using Rows = Kokkos::View<float***, Kokkos::LayoutRight, Exec::memory_space>;
+
+double fma_peak_gflops_all_cores = 0;
+
+struct Problem {
+  Tensor q, k, v, o, d_o, dq, dk, dv;
+  Rows lse;
+  Problem(int batch, int tokens, int heads, int head_dim)
+      : q("q", batch, tokens, heads, head_dim), k("k", batch, tokens, heads, head_dim),
+        v("v", batch, tokens, heads, head_dim), o("o", batch, tokens, heads, head_dim),
+        d_o("do", batch, tokens, heads, head_dim), dq("dq", batch, tokens, heads, head_dim),
+        dk("dk", batch, tokens, heads, head_dim), dv("dv", batch, tokens, heads, head_dim),
+        lse("lse", batch, heads, tokens) {
+    Kokkos::Random_XorShift64_Pool<Exec> pool(2026);
+    Kokkos::fill_random(q, pool, -1.0f, 1.0f);
+    Kokkos::fill_random(k, pool, -1.0f, 1.0f);
+    Kokkos::fill_random(v, pool, -1.0f, 1.0f);
+    Kokkos::fill_random(d_o, pool, -1.0f, 1.0f);
+  }
+};
+
+double forward_flops(int batch, int tokens, int heads, int head_dim, bool causal) {
+  return 4.0 * batch * heads * double(tokens) * tokens * head_dim / (causal ? 2 : 1);
+}
+
+void set_counters(benchmark::State& state, double flops, double bytes, double seconds) {
+  state.counters["FLOP/s"] = benchmark::Counter(flops, benchmark::Counter::kIsRate);
+  state.counters["bytes/s"] = benchmark::Counter(bytes, benchmark::Counter::kIsRate);
+  state.counters["fraction_of_peak"] = flops / seconds * 1e-9 / fma_peak_gflops_all_cores;
+  state.counters["threads"] = Exec().concurrency();
+}
+
+// Args: {N, D, causal}; B = 1, H = 8.
+void BM_AttentionForward(benchmark::State& state) {
+  const int N = int(state.range(0)), D = int(state.range(1)), H = 8;
+  longattn::AttentionOptions opts;
+  opts.causal = state.range(2) != 0;
+  Problem p(1, N, H, D);
+  longattn::attention_forward(Exec(), p.q, p.k, p.v, p.o, p.lse, opts);  // warm-up: scratch, pages
+  Kokkos::fence();
+  Kokkos::Timer timer;
+  for (auto _ : state) {
+    longattn::attention_forward(Exec(), p.q, p.k, p.v, p.o, p.lse, opts);
+    Kokkos::fence();
+  }
+  const double n = state.iterations();
+  set_counters(state, n * forward_flops(1, N, H, D, opts.causal),
+               n * (4.0 * N * H * D + H * N) * sizeof(float), timer.seconds());
+}
+
+void BM_AttentionForwardBackward(benchmark::State& state) {
+  const int N = int(state.range(0)), D = int(state.range(1)), H = 8;
+  longattn::AttentionOptions opts;
+  opts.causal = state.range(2) != 0;
+  Problem p(1, N, H, D);
+  longattn::attention_forward(Exec(), p.q, p.k, p.v, p.o, p.lse, opts);
+  longattn::attention_backward(Exec(), p.q, p.k, p.v, p.o, p.d_o, p.lse, p.dq, p.dk, p.dv, opts);
+  Kokkos::fence();
+  Kokkos::Timer timer;
+  for (auto _ : state) {
+    longattn::attention_forward(Exec(), p.q, p.k, p.v, p.o, p.lse, opts);
+    longattn::attention_backward(Exec(), p.q, p.k, p.v, p.o, p.d_o, p.lse, p.dq, p.dk, p.dv, opts);
+    Kokkos::fence();
+  }
+  const double n = state.iterations();
+  set_counters(state, n * 3.5 * forward_flops(1, N, H, D, opts.causal),
+               n * (4.0 + 8.0) * N * H * D * sizeof(float) + n * 2.0 * H * N * sizeof(float), timer.seconds());
+}
+
+// Resident set in bytes: "VmRSS" now, or "VmHWM", the high-water mark since the last reset.
+double resident_bytes(const std::string& field) {
+  std::ifstream status("/proc/self/status");
+  for (std::string line; std::getline(status, line);)
+    if (line.rfind(field + ":", 0) == 0) return std::stod(line.substr(field.size() + 1)) * 1024;
+  return 0;
+}
+
+// Peak memory that forward + backward adds on top of their inputs and outputs, as the kernel
+// sees it from outside: the resident set's high-water mark (reset first) minus the resident
+// set before the call. Arg: N; B = 1, H = 8, D = 64, causal.
+void BM_AttentionMemory(benchmark::State& state) {
+  const int N = int(state.range(0)), H = 8, D = 64;
+  longattn::AttentionOptions opts;
+  opts.causal = true;
+  Problem p(1, N, H, D);
+  double extra = 0;
+  for (auto _ : state) {
+    std::ofstream("/proc/self/clear_refs") << "5";  // resets VmHWM to VmRSS
+    const double before = resident_bytes("VmRSS");
+    longattn::attention_forward(Exec(), p.q, p.k, p.v, p.o, p.lse, opts);
+    longattn::attention_backward(Exec(), p.q, p.k, p.v, p.o, p.d_o, p.lse, p.dq, p.dk, p.dv, opts);
+    Kokkos::fence();
+    extra = resident_bytes("VmHWM") - before;
+  }
+  const double inputs_outputs = (8.0 * N * H * D + H * N) * sizeof(float);
+  state.counters["peak_extra_bytes"] = extra;
+  state.counters["extra_bytes_per_token"] = extra / N;
+  state.counters["workspace_bytes"] = double(longattn::attention_backward_workspace_bytes<float>(1, H, N));
+  state.counters["scratch_bytes_all_threads"] =
+      double(longattn::attention_scratch_bytes<Exec, float>(D, true) * Exec().concurrency());
+  state.counters["tensor_bytes"] = inputs_outputs;
+}
+
+}  // namespace
+
+BENCHMARK(BM_AttentionForward)
+    ->ArgsProduct({{1024, 2048, 4096, 8192, 16384}, {64, 128}, {0, 1}})
+    ->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_AttentionForwardBackward)
+    ->ArgsProduct({{1024, 2048, 4096, 8192, 16384}, {64, 128}, {0, 1}})
+    ->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_AttentionMemory)->Arg(4096)->Arg(16384)->Arg(65536)->Iterations(1)->UseRealTime()->Unit(benchmark::kSecond);
+
+int main(int argc, char* argv[]) {
+  longattn::ScopeGuard guard(argc, argv);
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  fma_peak_gflops_all_cores = longattn::measure_fma_peak(Exec(), 0.3).gflops();
+  benchmark::AddCustomContext("fp32_fma_peak_all_cores_gflops", std::to_string(fma_peak_gflops_all_cores));
+  benchmark::AddCustomContext("threads", std::to_string(Exec().concurrency()));
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

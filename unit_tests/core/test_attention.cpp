@@ -1,0 +1,440 @@
+// The fused attention kernels against the naive double-precision reference on fresh random
+// data: odd sizes (no extent a multiple of the 64-token block), several head dims, Nq != Nk with
+// global offsets, both causal settings, float and double, strided views, every enabled
+// execution space. Gradients also by central finite differences; merge_partial by splitting
+// the keys; rows that see no key; bad input.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <limits>
+#include <random>
+#include <sstream>
+#include <string>
+
+#include "execution_spaces.hpp"
+#include "longattn/core/attention.hpp"
+#include "longattn/core/merge_partial.hpp"
+#include "reference/attention.hpp"
+#include "reference/random.hpp"
+
+namespace {
+
+using longattn::test::HostRows;
+using longattn::test::HostTensor;
+
+struct Shape {
+  int batch, queries, keys, heads, head_dim;
+  std::int64_t query_offset = 0, key_offset = 0;
+};
+
+std::string describe(const Shape& s, bool causal) {
+  std::ostringstream out;
+  out << "B " << s.batch << " Nq " << s.queries << " Nk " << s.keys << " H " << s.heads << " D "
+      << s.head_dim << " offsets " << s.query_offset << "/" << s.key_offset << (causal ? " causal" : "")
+      << ", seed " << longattn::test::test_seed();
+  return out.str();
+}
+
+// Uniform values in [-1, 1), rounded through T so that the reference sees exactly the kernel's inputs.
+template <class T>
+HostTensor random_tensor(int b, int n, int h, int d, std::mt19937_64& rng) {
+  HostTensor t("random", b, n, h, d);
+  std::uniform_real_distribution<double> uniform(-1.0, 1.0);
+  for (std::size_t i = 0; i < t.span(); ++i) t.data()[i] = static_cast<double>(static_cast<T>(uniform(rng)));
+  return t;
+}
+
+template <class T, class Memory, class Host>
+auto to_device(const Host& host) {
+  Kokkos::View<T****, Kokkos::LayoutRight, Memory> device("device", host.extent(0), host.extent(1),
+                                                          host.extent(2), host.extent(3));
+  auto mirror = Kokkos::create_mirror_view(device);
+  for (std::size_t i = 0; i < mirror.span(); ++i) mirror.data()[i] = static_cast<T>(host.data()[i]);
+  Kokkos::deep_copy(device, mirror);
+  return device;
+}
+
+// Any device view (rank 3 or 4, any layout) as a double host view.
+template <class View>
+auto to_host(const View& view) {
+  auto mirror = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), view);
+  if constexpr (View::rank == 4) {
+    HostTensor out("host", view.extent(0), view.extent(1), view.extent(2), view.extent(3));
+    for (std::size_t a = 0; a < out.extent(0); ++a)
+      for (std::size_t b = 0; b < out.extent(1); ++b)
+        for (std::size_t c = 0; c < out.extent(2); ++c)
+          for (std::size_t d = 0; d < out.extent(3); ++d) out(a, b, c, d) = mirror(a, b, c, d);
+    return out;
+  } else {
+    HostRows out("host", view.extent(0), view.extent(1), view.extent(2));
+    for (std::size_t a = 0; a < out.extent(0); ++a)
+      for (std::size_t b = 0; b < out.extent(1); ++b)
+        for (std::size_t c = 0; c < out.extent(2); ++c) out(a, b, c) = mirror(a, b, c);
+    return out;
+  }
+}
+
+// Largest |a - b| relative to max(1, largest |b|); equal infinities count as 0.
+template <class View>
+double relative_error(const View& a, const View& b) {
+  double worst = 0, size = 1;
+  for (std::size_t i = 0; i < b.span(); ++i) {
+    const double x = a.data()[i], y = b.data()[i];
+    if (std::isinf(y) && x == y) continue;
+    worst = std::max(worst, std::isnan(x) ? std::numeric_limits<double>::infinity() : std::abs(x - y));
+    size = std::max(size, std::abs(y));
+  }
+  return worst / size;
+}
+
+template <class T>
+double tolerance() {
+  return std::is_same_v<T, float> ? 2e-5 : 1e-12;
+}
+
+longattn::AttentionOptions options(const Shape& s, bool causal) {
+  longattn::AttentionOptions opts;
+  opts.causal = causal;
+  opts.query_offset = s.query_offset;
+  opts.key_offset = s.key_offset;
+  return opts;
+}
+
+longattn::test::ReferenceOptions reference_options(const Shape& s, bool causal) {
+  return {0.0, causal, s.query_offset, s.key_offset};
+}
+
+const Shape shapes[] = {
+    {1, 1, 1, 1, 16},
+    {2, 67, 67, 3, 16},
+    {1, 130, 130, 2, 32},
+    {2, 100, 37, 2, 64, 50, 20},
+    {1, 70, 200, 1, 128, 150, 0},
+    {1, 65, 129, 2, 20, 0, 64},  // causal: the first 64 queries see no key
+};
+
+template <class ExecSpace, class T>
+void check_forward_and_backward(const Shape& s, bool causal, std::mt19937_64& rng) {
+  using Memory = typename ExecSpace::memory_space;
+  INFO(describe(s, causal) << ", " << (std::is_same_v<T, float> ? "float" : "double"));
+  const HostTensor q = random_tensor<T>(s.batch, s.queries, s.heads, s.head_dim, rng);
+  const HostTensor k = random_tensor<T>(s.batch, s.keys, s.heads, s.head_dim, rng);
+  const HostTensor v = random_tensor<T>(s.batch, s.keys, s.heads, s.head_dim, rng);
+  const HostTensor d_o = random_tensor<T>(s.batch, s.queries, s.heads, s.head_dim, rng);
+  HostTensor o_ref("o", s.batch, s.queries, s.heads, s.head_dim);
+  HostRows lse_ref("lse", s.batch, s.heads, s.queries);
+  HostTensor dq_ref("dq", s.batch, s.queries, s.heads, s.head_dim);
+  HostTensor dk_ref("dk", s.batch, s.keys, s.heads, s.head_dim), dv_ref("dv", s.batch, s.keys, s.heads, s.head_dim);
+  const auto ref_opts = reference_options(s, causal);
+  longattn::test::reference_attention_forward(q, k, v, o_ref, lse_ref, ref_opts);
+  longattn::test::reference_attention_backward(q, k, v, d_o, dq_ref, dk_ref, dv_ref, ref_opts);
+
+  auto qd = to_device<T, Memory>(q), kd = to_device<T, Memory>(k), vd = to_device<T, Memory>(v);
+  auto dod = to_device<T, Memory>(d_o);
+  Kokkos::View<T****, Memory> o("o", s.batch, s.queries, s.heads, s.head_dim);
+  Kokkos::View<T***, Memory> lse("lse", s.batch, s.heads, s.queries);
+  Kokkos::View<T****, Memory> dq("dq", s.batch, s.queries, s.heads, s.head_dim);
+  Kokkos::View<T****, Memory> dk("dk", s.batch, s.keys, s.heads, s.head_dim), dv("dv", s.batch, s.keys, s.heads, s.head_dim);
+  const ExecSpace exec;
+  longattn::attention_forward(exec, qd, kd, vd, o, lse, options(s, causal));
+  longattn::attention_backward(exec, qd, kd, vd, o, dod, lse, dq, dk, dv, options(s, causal));
+  exec.fence();
+
+  CHECK(relative_error(to_host(o), o_ref) <= tolerance<T>());
+  CHECK(relative_error(to_host(lse), lse_ref) <= tolerance<T>());
+  CHECK(relative_error(to_host(dq), dq_ref) <= 4 * tolerance<T>());
+  CHECK(relative_error(to_host(dk), dk_ref) <= 4 * tolerance<T>());
+  CHECK(relative_error(to_host(dv), dv_ref) <= 4 * tolerance<T>());
+}
+
+}  // namespace
+
+TEMPLATE_LIST_TEST_CASE("attention forward and backward match the double reference", "[core][attention]",
+                        longattn::test::ExecutionSpaces) {
+  std::mt19937_64 rng(longattn::test::test_seed());
+  for (const Shape& s : shapes)
+    for (bool causal : {false, true}) {
+      check_forward_and_backward<TestType, float>(s, causal, rng);
+      check_forward_and_backward<TestType, double>(s, causal, rng);
+    }
+}
+
+TEMPLATE_LIST_TEST_CASE("attention reads and writes strided views without copies", "[core][attention]",
+                        longattn::test::ExecutionSpaces) {
+  using Memory = typename TestType::memory_space;
+  using Strided4 = Kokkos::View<float****, Kokkos::LayoutStride, Memory>;
+  using Strided3 = Kokkos::View<float***, Kokkos::LayoutStride, Memory>;
+  std::mt19937_64 rng(longattn::test::test_seed());
+  // Every r-th token from `first` of a longer sequence: a dilated segment, as LongNet takes it.
+  const int B = 2, N = 75, H = 2, D = 32, r = 3, first = 1, total = first + r * N + 2;
+  const Shape s{B, N, N, H, D, 7, 0};
+  for (bool causal : {false, true}) {
+    INFO(describe(s, causal));
+    HostTensor q_all = random_tensor<float>(B, total, H, D, rng), k_all = random_tensor<float>(B, total, H, D, rng);
+    HostTensor v_all = random_tensor<float>(B, total, H, D, rng);
+    auto qd = to_device<float, Memory>(q_all), kd = to_device<float, Memory>(k_all), vd = to_device<float, Memory>(v_all);
+    Kokkos::View<float****, Memory> o_all("o", B, total, H, D);
+    Kokkos::View<float***, Memory> lse_all("lse", B, H, total);
+    Kokkos::deep_copy(o_all, 42.0f);
+    Kokkos::deep_copy(lse_all, 42.0f);
+    auto every_r = [&](auto all) {
+      const Kokkos::LayoutStride layout(B, all.stride(0), N, r * all.stride(1), H, all.stride(2), D, all.stride(3));
+      return Strided4(all.data() + first * all.stride(1), layout);
+    };
+    const Strided3 lse(lse_all.data() + first * lse_all.stride(2),
+                       Kokkos::LayoutStride(B, lse_all.stride(0), H, lse_all.stride(1), N, r * lse_all.stride(2)));
+    longattn::attention_forward(TestType(), every_r(qd), every_r(kd), every_r(vd), every_r(o_all), lse,
+                                options(s, causal));
+    TestType().fence();
+
+    HostTensor q("q", B, N, H, D), k("k", B, N, H, D), v("v", B, N, H, D), o_ref("o", B, N, H, D);
+    HostRows lse_ref("lse", B, H, N);
+    for (int b = 0; b < B; ++b)
+      for (int i = 0; i < N; ++i)
+        for (int h = 0; h < H; ++h)
+          for (int d = 0; d < D; ++d) {
+            q(b, i, h, d) = q_all(b, first + r * i, h, d);
+            k(b, i, h, d) = k_all(b, first + r * i, h, d);
+            v(b, i, h, d) = v_all(b, first + r * i, h, d);
+          }
+    longattn::test::reference_attention_forward(q, k, v, o_ref, lse_ref, reference_options(s, causal));
+    const HostTensor o_host = to_host(o_all);
+    const HostRows lse_host = to_host(lse_all);
+    HostTensor o("o", B, N, H, D);
+    HostRows lse_picked("lse", B, H, N);
+    bool untouched_elsewhere = true;
+    for (int b = 0; b < B; ++b)
+      for (int t = 0; t < total; ++t) {
+        const bool picked = t >= first && (t - first) % r == 0 && (t - first) / r < N;
+        for (int h = 0; h < H; ++h) {
+          if (picked) lse_picked(b, h, (t - first) / r) = lse_host(b, h, t);
+          else untouched_elsewhere = untouched_elsewhere && lse_host(b, h, t) == 42.0;
+          for (int d = 0; d < D; ++d) {
+            if (picked) o(b, (t - first) / r, h, d) = o_host(b, t, h, d);
+            else untouched_elsewhere = untouched_elsewhere && o_host(b, t, h, d) == 42.0;
+          }
+        }
+      }
+    CHECK(untouched_elsewhere);
+    CHECK(relative_error(o, o_ref) <= tolerance<float>());
+    CHECK(relative_error(lse_picked, lse_ref) <= tolerance<float>());
+  }
+}
+
+TEMPLATE_LIST_TEST_CASE("attention takes LayoutLeft views (head dim not contiguous)", "[core][attention]",
+                        longattn::test::ExecutionSpaces) {
+  using Memory = typename TestType::memory_space;
+  std::mt19937_64 rng(longattn::test::test_seed());
+  const Shape s{1, 90, 70, 3, 24};
+  INFO(describe(s, true));
+  const HostTensor q = random_tensor<double>(1, 90, 3, 24, rng), k = random_tensor<double>(1, 70, 3, 24, rng);
+  const HostTensor v = random_tensor<double>(1, 70, 3, 24, rng);
+  HostTensor o_ref("o", 1, 90, 3, 24);
+  HostRows lse_ref("lse", 1, 3, 90);
+  longattn::test::reference_attention_forward(q, k, v, o_ref, lse_ref, reference_options(s, true));
+  using Left4 = Kokkos::View<double****, Kokkos::LayoutLeft, Memory>;
+  Left4 ql("q", 1, 90, 3, 24), kl("k", 1, 70, 3, 24), vl("v", 1, 70, 3, 24), ol("o", 1, 90, 3, 24);
+  Kokkos::deep_copy(ql, to_device<double, Memory>(q));
+  Kokkos::deep_copy(kl, to_device<double, Memory>(k));
+  Kokkos::deep_copy(vl, to_device<double, Memory>(v));
+  Kokkos::View<double***, Kokkos::LayoutLeft, Memory> lse("lse", 1, 3, 90);
+  longattn::attention_forward(TestType(), ql, kl, vl, ol, lse, options(s, true));
+  CHECK(relative_error(to_host(ol), o_ref) <= tolerance<double>());
+  CHECK(relative_error(to_host(lse), lse_ref) <= tolerance<double>());
+}
+
+TEMPLATE_LIST_TEST_CASE("attention gradients match central finite differences", "[core][attention]",
+                        longattn::test::ExecutionSpaces) {
+  using Memory = typename TestType::memory_space;
+  std::mt19937_64 rng(longattn::test::test_seed());
+  const Shape s{1, 9, 11, 2, 8, 3, 0};
+  for (bool causal : {false, true}) {
+    INFO(describe(s, causal));
+    const auto opts = options(s, causal);
+    auto q = to_device<double, Memory>(random_tensor<double>(1, 9, 2, 8, rng));
+    auto k = to_device<double, Memory>(random_tensor<double>(1, 11, 2, 8, rng));
+    auto v = to_device<double, Memory>(random_tensor<double>(1, 11, 2, 8, rng));
+    const HostTensor d_o = random_tensor<double>(1, 9, 2, 8, rng);
+    auto dod = to_device<double, Memory>(d_o);
+    Kokkos::View<double****, Memory> o("o", 1, 9, 2, 8), dq("dq", 1, 9, 2, 8), dk("dk", 1, 11, 2, 8), dv("dv", 1, 11, 2, 8);
+    Kokkos::View<double***, Memory> lse("lse", 1, 2, 9);
+    longattn::attention_forward(TestType(), q, k, v, o, lse, opts);
+    longattn::attention_backward(TestType(), q, k, v, o, dod, lse, dq, dk, dv, opts);
+
+    // loss = sum(dO * O): its gradient is what attention_backward returns for upstream dO.
+    auto loss = [&] {
+      longattn::attention_forward(TestType(), q, k, v, o, lse, opts);
+      const HostTensor out = to_host(o);
+      double sum = 0;
+      for (std::size_t i = 0; i < out.span(); ++i) sum += out.data()[i] * d_o.data()[i];
+      return sum;
+    };
+    auto check_gradient = [&](auto input, auto gradient, const char* name) {
+      auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), input);
+      const HostTensor analytic = to_host(gradient);
+      double worst = 0;
+      const double h = 1e-6;
+      for (std::size_t i = 0; i < host.span(); ++i) {
+        const double saved = host.data()[i];
+        host.data()[i] = saved + h;
+        Kokkos::deep_copy(input, host);
+        const double up = loss();
+        host.data()[i] = saved - h;
+        Kokkos::deep_copy(input, host);
+        const double down = loss();
+        host.data()[i] = saved;
+        Kokkos::deep_copy(input, host);
+        worst = std::max(worst, std::abs((up - down) / (2 * h) - analytic.data()[i]));
+      }
+      INFO(name << ": largest |finite difference - analytic| = " << worst);
+      CHECK(worst < 1e-7);
+    };
+    check_gradient(q, dq, "dq");
+    check_gradient(k, dk, "dk");
+    check_gradient(v, dv, "dv");
+  }
+}
+
+TEMPLATE_LIST_TEST_CASE("attention over [K1; K2] equals merge_partial of attention over K1 and over K2",
+                        "[core][attention][merge]", longattn::test::ExecutionSpaces) {
+  using Memory = typename TestType::memory_space;
+  std::mt19937_64 rng(longattn::test::test_seed());
+  const int B = 2, Nq = 83, Nk = 110, split = 45, H = 2, D = 32;
+  const Shape s{B, Nq, Nk, H, D, 60, 0};
+  for (bool causal : {false, true}) {
+    INFO(describe(s, causal) << ", split at " << split);
+    auto q = to_device<float, Memory>(random_tensor<float>(B, Nq, H, D, rng));
+    auto k = to_device<float, Memory>(random_tensor<float>(B, Nk, H, D, rng));
+    auto v = to_device<float, Memory>(random_tensor<float>(B, Nk, H, D, rng));
+    Kokkos::View<float****, Memory> o("o", B, Nq, H, D), o1("o1", B, Nq, H, D), o2("o2", B, Nq, H, D);
+    Kokkos::View<float***, Memory> lse("lse", B, H, Nq), lse1("lse1", B, H, Nq), lse2("lse2", B, H, Nq);
+    longattn::attention_forward(TestType(), q, k, v, o, lse, options(s, causal));
+    // The two key shards are subviews (no copies); the second starts at global position `split`.
+    const auto first = std::make_pair(0, split), second = std::make_pair(split, Nk);
+    auto opts1 = options(s, causal), opts2 = options(s, causal);
+    opts2.key_offset += split;
+    longattn::attention_forward(TestType(), q, Kokkos::subview(k, Kokkos::ALL, first, Kokkos::ALL, Kokkos::ALL),
+                                Kokkos::subview(v, Kokkos::ALL, first, Kokkos::ALL, Kokkos::ALL), o1, lse1, opts1);
+    longattn::attention_forward(TestType(), q, Kokkos::subview(k, Kokkos::ALL, second, Kokkos::ALL, Kokkos::ALL),
+                                Kokkos::subview(v, Kokkos::ALL, second, Kokkos::ALL, Kokkos::ALL), o2, lse2, opts2);
+    longattn::merge_partial(TestType(), o1, lse1, o2, lse2);
+    CHECK(relative_error(to_host(o1), to_host(o)) <= tolerance<float>());
+    CHECK(relative_error(to_host(lse1), to_host(lse)) <= tolerance<float>());
+  }
+}
+
+TEMPLATE_LIST_TEST_CASE("queries that see no key get o = 0, lse = -inf and zero gradients, never NaN",
+                        "[core][attention][merge]", longattn::test::ExecutionSpaces) {
+  using Memory = typename TestType::memory_space;
+  std::mt19937_64 rng(longattn::test::test_seed());
+  // Causal, keys start at global position 100: queries 0..99 see nothing.
+  const int Nq = 130, Nk = 70, H = 2, D = 16;
+  const Shape s{1, Nq, Nk, H, D, 0, 100};
+  INFO(describe(s, true));
+  auto q = to_device<float, Memory>(random_tensor<float>(1, Nq, H, D, rng));
+  auto k = to_device<float, Memory>(random_tensor<float>(1, Nk, H, D, rng));
+  auto v = to_device<float, Memory>(random_tensor<float>(1, Nk, H, D, rng));
+  auto d_o = to_device<float, Memory>(random_tensor<float>(1, Nq, H, D, rng));
+  Kokkos::View<float****, Memory> o("o", 1, Nq, H, D), dq("dq", 1, Nq, H, D), dk("dk", 1, Nk, H, D), dv("dv", 1, Nk, H, D);
+  Kokkos::View<float***, Memory> lse("lse", 1, H, Nq);
+  longattn::attention_forward(TestType(), q, k, v, o, lse, options(s, true));
+  longattn::attention_backward(TestType(), q, k, v, o, d_o, lse, dq, dk, dv, options(s, true));
+  const HostTensor o_h = to_host(o), dq_h = to_host(dq), dk_h = to_host(dk), dv_h = to_host(dv);
+  const HostRows lse_h = to_host(lse);
+  bool masked_rows_empty = true, finite = true;
+  for (int h = 0; h < H; ++h)
+    for (int i = 0; i < Nq; ++i) {
+      if (i < 100) masked_rows_empty = masked_rows_empty && lse_h(0, h, i) == -std::numeric_limits<double>::infinity();
+      else finite = finite && std::isfinite(lse_h(0, h, i));
+      for (int d = 0; d < D; ++d) {
+        if (i < 100) masked_rows_empty = masked_rows_empty && o_h(0, i, h, d) == 0 && dq_h(0, i, h, d) == 0;
+        finite = finite && std::isfinite(o_h(0, i, h, d)) && std::isfinite(dq_h(0, i, h, d));
+      }
+    }
+  for (std::size_t i = 0; i < dk_h.span(); ++i) finite = finite && std::isfinite(dk_h.data()[i]) && std::isfinite(dv_h.data()[i]);
+  CHECK(masked_rows_empty);
+  CHECK(finite);
+
+  // Merging two results that both saw nothing keeps o and lse; merging with a real one takes it.
+  Kokkos::View<float****, Memory> o_copy("o copy", 1, Nq, H, D);
+  Kokkos::View<float***, Memory> lse_copy("lse copy", 1, H, Nq);
+  Kokkos::deep_copy(o_copy, o);
+  Kokkos::deep_copy(lse_copy, lse);
+  longattn::merge_partial(TestType(), o_copy, lse_copy, o, lse);
+  const HostTensor merged = to_host(o_copy);
+  const HostRows merged_lse = to_host(lse_copy);
+  bool empty_stays_empty = true, merged_finite = true;
+  for (int h = 0; h < H; ++h)
+    for (int i = 0; i < Nq; ++i) {
+      if (i < 100) empty_stays_empty = empty_stays_empty && merged_lse(0, h, i) == -std::numeric_limits<double>::infinity();
+      for (int d = 0; d < D; ++d) merged_finite = merged_finite && std::isfinite(merged(0, i, h, d));
+      if (i < 100)
+        for (int d = 0; d < D; ++d) empty_stays_empty = empty_stays_empty && merged(0, i, h, d) == 0;
+    }
+  CHECK(empty_stays_empty);
+  CHECK(merged_finite);
+  // Self-merge of a visible row: same o, lse + log 2.
+  CHECK(relative_error(merged, o_h) <= tolerance<float>());
+  CHECK(std::abs(merged_lse(0, 1, 120) - (lse_h(0, 1, 120) + std::log(2.0))) < 1e-5);
+}
+
+TEST_CASE("attention rejects bad input with a longattn::Error naming the argument", "[core][attention][errors]") {
+  using Host = Kokkos::DefaultHostExecutionSpace;
+  using F4 = Kokkos::View<float****, Kokkos::HostSpace>;
+  using F3 = Kokkos::View<float***, Kokkos::HostSpace>;
+  const Host exec;
+  F4 q("q", 1, 10, 2, 16), k("k", 1, 12, 2, 16), v("v", 1, 12, 2, 16), o("o", 1, 10, 2, 16);
+  F3 lse("lse", 1, 2, 10);
+  CHECK_NOTHROW(longattn::attention_forward(exec, q, k, v, o, lse));
+
+  F4 k_heads("k", 1, 12, 3, 16);
+  CHECK_THROWS_WITH(longattn::attention_forward(exec, q, k_heads, v, o, lse),
+                    Catch::Contains("argument 'k's extents' is [1, 12, 3, 16], expected [1, 12, 2, 16]"));
+  CHECK_THROWS_WITH(longattn::attention_forward(exec, q, k, F4("v", 1, 11, 2, 16), o, lse),
+                    Catch::Contains("'v's extents'"));
+  CHECK_THROWS_WITH(longattn::attention_forward(exec, q, k, v, o, F3("lse", 1, 10, 2)),
+                    Catch::Contains("'lse's extents' is [1, 10, 2], expected [1, 2, 10]"));
+  Kokkos::View<double****, Kokkos::HostSpace> v_double("v", 1, 12, 2, 16);
+  CHECK_THROWS_WITH(longattn::attention_forward(exec, q, k, v_double, o, lse),
+                    Catch::Contains("'v's value type' is double, expected float"));
+  F4 wide("q", 1, 10, 2, 300), wide_k("k", 1, 12, 2, 300);
+  CHECK_THROWS_WITH(longattn::attention_forward(exec, wide, wide_k, F4("v", 1, 12, 2, 300), F4("o", 1, 10, 2, 300), lse),
+                    Catch::Contains("'q.extent(3)' is 300, expected a head dim of at most 256"));
+  CHECK_THROWS_WITH(longattn::attention_forward(exec, F4("q", 1, 0, 2, 16), k, v, F4("o", 1, 0, 2, 16), F3("lse", 1, 2, 0)),
+                    Catch::Contains("'q.extent(1)' is 0"));
+  CHECK_THROWS_WITH(longattn::attention_forward(exec, q, F4("k", 1, 0, 2, 16), F4("v", 1, 0, 2, 16), o, lse),
+                    Catch::Contains("'k.extent(1)' is 0"));
+  longattn::AttentionOptions nan_scale;
+  nan_scale.softmax_scale = std::numeric_limits<double>::quiet_NaN();
+  CHECK_THROWS_WITH(longattn::attention_forward(exec, q, k, v, o, lse, nan_scale),
+                    Catch::Contains("'opts.softmax_scale' is nan, expected a finite number"));
+  longattn::AttentionOptions inf_scale;
+  inf_scale.softmax_scale = std::numeric_limits<double>::infinity();
+  CHECK_THROWS_WITH(longattn::attention_forward(exec, q, k, v, o, lse, inf_scale), Catch::Contains("'opts.softmax_scale' is inf"));
+  CHECK_THROWS_WITH(longattn::attention_forward(exec, q, k, v, q, lse),
+                    Catch::Contains("argument 'o' is overlapping q"));
+  F4 q_same_shape_as_k("q", 1, 12, 2, 16);
+  CHECK_THROWS_WITH(longattn::attention_forward(exec, q_same_shape_as_k, k, v, v, F3("lse", 1, 2, 12)),
+                    Catch::Contains("argument 'o' is overlapping v"));
+  longattn::DenseBlocks wrong_blocks;
+  wrong_blocks.block = 48;
+  wrong_blocks.queries = 10;
+  wrong_blocks.keys = 12;
+  CHECK_THROWS_WITH(longattn::attention_forward(exec, q, k, v, o, lse, {}, wrong_blocks),
+                    Catch::Contains("'blocks.block' is 48"));
+
+  F4 dq("dq", 1, 10, 2, 16), dk("dk", 1, 12, 2, 16), dv("dv", 1, 12, 2, 16), d_o("do", 1, 10, 2, 16);
+  CHECK_NOTHROW(longattn::attention_backward(exec, q, k, v, o, d_o, lse, dq, dk, dv));
+  CHECK_THROWS_WITH(longattn::attention_backward(exec, q, k, v, o, d_o, lse, dq, dk, dk),
+                    Catch::Contains("argument 'dk' is overlapping dv"));
+  CHECK_THROWS_WITH(longattn::attention_backward(exec, q, k, v, o, d_o, lse, q, dk, dv),
+                    Catch::Contains("argument 'dq' is overlapping q"));
+  CHECK_THROWS_WITH(longattn::attention_backward(exec, q, k, v, o, F4("do", 1, 10, 2, 8), lse, dq, dk, dv),
+                    Catch::Contains("'d_o's extents' is [1, 10, 2, 8], expected [1, 10, 2, 16]"));
+  CHECK_THROWS_WITH(longattn::attention_backward(exec, q, k, v, o, d_o, lse, dq, F4("dk", 1, 10, 2, 16), dv),
+                    Catch::Contains("'dk's extents'"));
+
+  CHECK_THROWS_WITH(longattn::merge_partial(exec, o, lse, o, lse), Catch::Contains("argument 'o' is overlapping o_part"));
+  CHECK_THROWS_WITH(longattn::merge_partial(exec, o, lse, F4("part", 1, 10, 2, 8), F3("lse", 1, 2, 10)),
+                    Catch::Contains("'o_part's extents'"));
+}
