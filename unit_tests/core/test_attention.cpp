@@ -111,6 +111,8 @@ const Shape shapes[] = {
     {2, 100, 37, 2, 64, 50, 20},
     {1, 70, 200, 1, 128, 150, 0},
     {1, 65, 129, 2, 20, 0, 64},  // causal: the first 64 queries see no key
+    {1, 33, 47, 1, 256, 10, 0},  // the largest head dim
+    {2, 5, 70, 2, 3},            // a head dim below every micro-tile
 };
 
 template <class ExecSpace, class T>
