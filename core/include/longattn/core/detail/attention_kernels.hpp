@@ -59,6 +59,41 @@ struct ScratchArena {
   }
 };
 
+// Tokens in the block that starts at `first` (the last block of a sequence may be short).
+KOKKOS_INLINE_FUNCTION int tokens_in_block(int first, int tokens, int block_tokens) {
+  return tokens - first < block_tokens ? tokens - first : block_tokens;
+}
+
+// The block a team works on: league rank -> (batch, head, block), and the block's tokens.
+// `heaviest_last` hands out the last blocks first (under a causal mask late query blocks see
+// the most keys, early key blocks are seen by the most queries).
+struct TeamBlock {
+  int b, h, block, first, count;
+};
+KOKKOS_INLINE_FUNCTION TeamBlock team_block(int league_rank, int blocks, int heads, int tokens,
+                                            int block_tokens, bool heaviest_last) {
+  TeamBlock t;
+  const int n = league_rank % blocks;
+  t.block = heaviest_last ? blocks - 1 - n : n;
+  t.h = league_rank / blocks % heads;
+  t.b = league_rank / blocks / heads;
+  t.first = t.block * block_tokens;
+  t.count = tokens_in_block(t.first, tokens, block_tokens);
+  return t;
+}
+
+// Copies rows [first, first + count) of two tensors' (b, h) slices to scratch, row-major [row][d].
+template <class Member, class T, class A, class B>
+KOKKOS_INLINE_FUNCTION void load_rows(const Member& team, const A& a, const B& b_tensor, int b, int h,
+                                      int first, int count, int head_dim, T* a_rows, T* b_rows) {
+  Kokkos::parallel_for(Kokkos::TeamThreadRange(team, count), [&](int j) {
+    for (int d = 0; d < head_dim; ++d) {
+      a_rows[j * head_dim + d] = a(b, first + j, h, d);
+      b_rows[j * head_dim + d] = b_tensor(b, first + j, h, d);
+    }
+  });
+}
+
 template <class T>
 KOKKOS_INLINE_FUNCTION constexpr T log2_e() { return T(1.4426950408889634074); }
 template <class T>
@@ -106,14 +141,8 @@ struct ForwardKernel {
 
   KOKKOS_INLINE_FUNCTION void operator()(const Member& team) const {
     const int D = geo.head_dim;
-    const int query_blocks = pattern.query_blocks();
-    // Late query blocks see the most keys under a causal mask: hand them out first.
-    int index = team.league_rank();
-    const int qb = query_blocks - 1 - index % query_blocks;
-    index /= query_blocks;
-    const int h = index % geo.heads, b = index / geo.heads;
-    const int q_first = qb * L;
-    const int q_count = geo.queries - q_first < L ? geo.queries - q_first : L;
+    const TeamBlock mine = team_block(team.league_rank(), pattern.query_blocks(), geo.heads, geo.queries, L, true);
+    const int b = mine.b, h = mine.h, qb = mine.block, q_first = mine.first, q_count = mine.count;
 
     const ScratchArena<Member> arena{team, scratch_level};
     T* qt = arena.template take<T>(D * L);
@@ -139,17 +168,12 @@ struct ForwardKernel {
     const int visits = pattern.key_block_count(qb);
     for (int n = 0; n < visits; ++n) {
       const int k_first = pattern.key_block(qb, n) * L;
-      const int k_count = geo.keys - k_first < L ? geo.keys - k_first : L;
-      Kokkos::parallel_for(Kokkos::TeamThreadRange(team, k_count), [&](int j) {
-        for (int d = 0; d < D; ++d) {
-          ks[j * D + d] = k(b, k_first + j, h, d);
-          vs[j * D + d] = v(b, k_first + j, h, d);
-        }
-      });
+      const int k_count = tokens_in_block(k_first, geo.keys, L);
+      load_rows(team, k, v, b, h, k_first, k_count, D, ks, vs);
       team.team_barrier();
       // The next block's K rows are fetched during this product, its V rows during the other.
       const int next_first = n + 1 < visits ? pattern.key_block(qb, n + 1) * L : 0;
-      const int next_count = n + 1 < visits ? (geo.keys - next_first < L ? geo.keys - next_first : L) : 0;
+      const int next_count = n + 1 < visits ? tokens_in_block(next_first, geo.keys, L) : 0;
       // St[j][i] = sum_d K[j][d] Qt[d][i]
       tile_mma<Tiles>(team, k_count, L, D, ks, D, 1, qt, L, st, L, false, [&](int tile, int tiles) {
         prefetch_rows(k, b, h, next_first, next_count, D, tile, tiles);
@@ -259,14 +283,8 @@ struct KeyGradientKernel {
 
   KOKKOS_INLINE_FUNCTION void operator()(const Member& team) const {
     const int D = geo.head_dim;
-    const int key_blocks = pattern.key_blocks();
-    // Early key blocks are seen by the most queries under a causal mask: first.
-    int index = team.league_rank();
-    const int kb = index % key_blocks;
-    index /= key_blocks;
-    const int h = index % geo.heads, b = index / geo.heads;
-    const int k_first = kb * L;
-    const int k_count = geo.keys - k_first < L ? geo.keys - k_first : L;
+    const TeamBlock mine = team_block(team.league_rank(), pattern.key_blocks(), geo.heads, geo.keys, L, false);
+    const int b = mine.b, h = mine.h, kb = mine.block, k_first = mine.first, k_count = mine.count;
 
     const ScratchArena<Member> arena{team, scratch_level};
     T* kt = arena.template take<T>(D * L);
@@ -292,7 +310,7 @@ struct KeyGradientKernel {
     const int visits = pattern.query_block_count(kb);
     for (int n = 0; n < visits; ++n) {
       const int q_first = pattern.query_block(kb, n) * L;
-      const int q_count = geo.queries - q_first < L ? geo.queries - q_first : L;
+      const int q_count = tokens_in_block(q_first, geo.queries, L);
       team.team_barrier();  // the previous block's products are done with qs, dos, s, dp
       Kokkos::parallel_for(Kokkos::TeamThreadRange(team, q_count), [&](int i) {
         for (int d = 0; d < D; ++d) {
@@ -304,7 +322,7 @@ struct KeyGradientKernel {
       team.team_barrier();
       // The next query block's Q rows are fetched during the first product, dO rows during the second.
       const int next_first = n + 1 < visits ? pattern.query_block(kb, n + 1) * L : 0;
-      const int next_count = n + 1 < visits ? (geo.queries - next_first < L ? geo.queries - next_first : L) : 0;
+      const int next_count = n + 1 < visits ? tokens_in_block(next_first, geo.queries, L) : 0;
       // S[i][j] = sum_d Q[i][d] Kt[d][j];  dP[i][j] = sum_d dO[i][d] Vt[d][j]
       tile_mma<Tiles>(team, q_count, L, D, qs, D, 1, kt, L, s, L, false, [&](int tile, int tiles) {
         prefetch_rows(q, b, h, next_first, next_count, D, tile, tiles);
@@ -375,13 +393,8 @@ struct QueryGradientKernel {
 
   KOKKOS_INLINE_FUNCTION void operator()(const Member& team) const {
     const int D = geo.head_dim;
-    const int query_blocks = pattern.query_blocks();
-    int index = team.league_rank();
-    const int qb = query_blocks - 1 - index % query_blocks;
-    index /= query_blocks;
-    const int h = index % geo.heads, b = index / geo.heads;
-    const int q_first = qb * L;
-    const int q_count = geo.queries - q_first < L ? geo.queries - q_first : L;
+    const TeamBlock mine = team_block(team.league_rank(), pattern.query_blocks(), geo.heads, geo.queries, L, true);
+    const int b = mine.b, h = mine.h, qb = mine.block, q_first = mine.first, q_count = mine.count;
 
     const ScratchArena<Member> arena{team, scratch_level};
     T* qt = arena.template take<T>(D * L);
@@ -413,17 +426,12 @@ struct QueryGradientKernel {
     const int visits = pattern.key_block_count(qb);
     for (int n = 0; n < visits; ++n) {
       const int k_first = pattern.key_block(qb, n) * L;
-      const int k_count = geo.keys - k_first < L ? geo.keys - k_first : L;
+      const int k_count = tokens_in_block(k_first, geo.keys, L);
       team.team_barrier();
-      Kokkos::parallel_for(Kokkos::TeamThreadRange(team, k_count), [&](int j) {
-        for (int d = 0; d < D; ++d) {
-          ks[j * D + d] = k(b, k_first + j, h, d);
-          vs[j * D + d] = v(b, k_first + j, h, d);
-        }
-      });
+      load_rows(team, k, v, b, h, k_first, k_count, D, ks, vs);
       team.team_barrier();
       const int next_first = n + 1 < visits ? pattern.key_block(qb, n + 1) * L : 0;
-      const int next_count = n + 1 < visits ? (geo.keys - next_first < L ? geo.keys - next_first : L) : 0;
+      const int next_count = n + 1 < visits ? tokens_in_block(next_first, geo.keys, L) : 0;
       // St[j][i] = sum_d K[j][d] Qt[d][i];  dPt[j][i] = sum_d V[j][d] dOt[d][i]
       tile_mma<Tiles>(team, k_count, L, D, ks, D, 1, qt, L, st, L, false, [&](int tile, int tiles) {
         prefetch_rows(k, b, h, next_first, next_count, D, tile, tiles);
