@@ -86,12 +86,16 @@ template <class T, class... Views>
 inline constexpr bool runnable = (std::is_same_v<T, float> || std::is_same_v<T, double>) &&
                                  (std::is_same_v<scalar_of<Views>, T> && ...);
 
-template <class T, class View>
-void check_scalar(const char* where, const char* name, const View&) {
+// A view holds T (the value type of the view named `reference`) and lives where the execution
+// space can reach it (a compile-time property: static_assert).
+template <class ExecSpace, class T, class View>
+void check_view(const char* where, const char* name, const View&, const char* reference = "q") {
+  static_assert(Kokkos::Impl::SpaceAccessibility<ExecSpace, typename View::memory_space>::accessible,
+                "longattn attention: a view's memory space is not accessible from the execution space");
   using Actual = scalar_of<View>;
   if constexpr (!std::is_same_v<Actual, T>)
     throw_invalid_argument(where, std::string(name) + "'s value type", scalar_name<Actual>(),
-                           scalar_name<T>() + " (the value type of q)");
+                           scalar_name<T>() + " (the value type of " + reference + ")");
 }
 
 template <class View>
@@ -136,12 +140,6 @@ void check_no_alias(const char* where, const char* output_name, const Output& ou
                            "an output whose memory range overlaps no input and no other output");
 }
 
-template <class ExecSpace, class View>
-void check_accessible(const char*, const char*, const View&) {
-  static_assert(Kokkos::Impl::SpaceAccessibility<ExecSpace, typename View::memory_space>::accessible,
-                "longattn attention: a view's memory space is not accessible from the execution space");
-}
-
 // The checks both passes share; returns the geometry.
 template <class ExecSpace, class T, class Q, class K, class V, class O, class Lse>
 AttentionGeometry check_attention(const char* where, const Q& q, const K& k, const V& v, const O& o,
@@ -151,15 +149,11 @@ AttentionGeometry check_attention(const char* where, const Q& q, const K& k, con
   static_assert(Lse::rank == 3, "lse is a rank-3 view [batch, heads, queries]");
   if constexpr (!std::is_same_v<T, float> && !std::is_same_v<T, double>)
     throw_invalid_argument(where, "q's value type", scalar_name<T>(), "float or double");
-  check_scalar<T>(where, "k", k);
-  check_scalar<T>(where, "v", v);
-  check_scalar<T>(where, "o", o);
-  check_scalar<T>(where, "lse", lse);
-  check_accessible<ExecSpace>(where, "q", q);
-  check_accessible<ExecSpace>(where, "k", k);
-  check_accessible<ExecSpace>(where, "v", v);
-  check_accessible<ExecSpace>(where, "o", o);
-  check_accessible<ExecSpace>(where, "lse", lse);
+  check_view<ExecSpace, T>(where, "q", q);
+  check_view<ExecSpace, T>(where, "k", k);
+  check_view<ExecSpace, T>(where, "v", v);
+  check_view<ExecSpace, T>(where, "o", o);
+  check_view<ExecSpace, T>(where, "lse", lse);
 
   const std::int64_t B = q.extent(0), Nq = q.extent(1), H = q.extent(2), D = q.extent(3);
   const std::int64_t Nk = k.extent(1);
@@ -284,14 +278,10 @@ void attention_backward(const ExecSpace& exec, const Q& q, const K& k, const V& 
   const detail::AttentionGeometry geo = detail::check_attention<ExecSpace, T>(where, q, k, v, o, lse, opts);
   static_assert(DO::rank == 4 && DQ::rank == 4 && DK::rank == 4 && DV::rank == 4,
                 "d_o, dq, dk, dv are rank-4 views [batch, tokens, heads, head dim]");
-  detail::check_scalar<T>(where, "d_o", d_o);
-  detail::check_scalar<T>(where, "dq", dq);
-  detail::check_scalar<T>(where, "dk", dk);
-  detail::check_scalar<T>(where, "dv", dv);
-  detail::check_accessible<ExecSpace>(where, "d_o", d_o);
-  detail::check_accessible<ExecSpace>(where, "dq", dq);
-  detail::check_accessible<ExecSpace>(where, "dk", dk);
-  detail::check_accessible<ExecSpace>(where, "dv", dv);
+  detail::check_view<ExecSpace, T>(where, "d_o", d_o);
+  detail::check_view<ExecSpace, T>(where, "dq", dq);
+  detail::check_view<ExecSpace, T>(where, "dk", dk);
+  detail::check_view<ExecSpace, T>(where, "dv", dv);
   const std::int64_t B = geo.batch, Nq = geo.queries, Nk = geo.keys, H = geo.heads, D = geo.head_dim;
   detail::check_extents(where, "d_o", d_o, {B, Nq, H, D}, "the extents of o");
   detail::check_extents(where, "dq", dq, {B, Nq, H, D}, "the extents of q");

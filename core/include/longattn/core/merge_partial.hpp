@@ -58,13 +58,10 @@ void merge_partial(const ExecSpace& exec, const O& o, const Lse& lse, const OPar
   const char* where = "longattn::merge_partial";
   if constexpr (!std::is_same_v<T, float> && !std::is_same_v<T, double>)
     throw_invalid_argument(where, "o's value type", detail::scalar_name<T>(), "float or double");
-  detail::check_scalar<T>(where, "lse", lse);
-  detail::check_scalar<T>(where, "o_part", o_part);
-  detail::check_scalar<T>(where, "lse_part", lse_part);
-  detail::check_accessible<ExecSpace>(where, "o", o);
-  detail::check_accessible<ExecSpace>(where, "lse", lse);
-  detail::check_accessible<ExecSpace>(where, "o_part", o_part);
-  detail::check_accessible<ExecSpace>(where, "lse_part", lse_part);
+  detail::check_view<ExecSpace, T>(where, "o", o, "o");
+  detail::check_view<ExecSpace, T>(where, "lse", lse, "o");
+  detail::check_view<ExecSpace, T>(where, "o_part", o_part, "o");
+  detail::check_view<ExecSpace, T>(where, "lse_part", lse_part, "o");
   const std::int64_t B = o.extent(0), N = o.extent(1), H = o.extent(2), D = o.extent(3);
   detail::check_extents(where, "lse", lse, {B, H, N}, "[batch, heads, tokens] of o");
   detail::check_extents(where, "o_part", o_part, {B, N, H, D}, "the extents of o");

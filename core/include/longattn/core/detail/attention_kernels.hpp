@@ -94,6 +94,22 @@ KOKKOS_INLINE_FUNCTION void load_rows(const Member& team, const A& a, const B& b
   });
 }
 
+// Copies rows [first, first + count) of a tensor's (b, h) slice to scratch transposed, [d][L]
+// (tokens along the lanes), times `factor`; lanes from `count` on are zero.
+template <int L, class Member, class T, class Tensor>
+KOKKOS_INLINE_FUNCTION void load_transposed(const Member& team, const Tensor& x, int b, int h, int first,
+                                            int count, int head_dim, T factor, T* out) {
+  Kokkos::parallel_for(Kokkos::TeamThreadRange(team, head_dim), [&](int d) {
+    for (int i = 0; i < L; ++i) out[d * L + i] = i < count ? x(b, first + i, h, d) * factor : T(0);
+  });
+}
+
+// Sets `count` scratch values to zero (the accumulators of a block).
+template <class Member, class T>
+KOKKOS_INLINE_FUNCTION void zero_scratch(const Member& team, T* values, int count) {
+  Kokkos::parallel_for(Kokkos::TeamThreadRange(team, count), [&](int i) { values[i] = T(0); });
+}
+
 template <class T>
 KOKKOS_INLINE_FUNCTION constexpr T log2_e() { return T(1.4426950408889634074); }
 template <class T>
@@ -153,12 +169,8 @@ struct ForwardKernel {
     T* m = arena.template take<T>(L);
     T* l = arena.template take<T>(L);
 
-    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, D), [&](int d) {
-      for (int i = 0; i < L; ++i) {
-        qt[d * L + i] = i < q_count ? q(b, q_first + i, h, d) * scale_log2 : T(0);
-        ot[d * L + i] = T(0);
-      }
-    });
+    load_transposed<L>(team, q, b, h, q_first, q_count, D, scale_log2, qt);
+    zero_scratch(team, ot, D * L);
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, L), [&](int i) {
       m[i] = minus_infinity<T>();
       l[i] = T(0);
@@ -298,14 +310,10 @@ struct KeyGradientKernel {
     T* lse2 = arena.template take<T>(L);
     T* delta_rows = arena.template take<T>(L);
 
-    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, D), [&](int d) {
-      for (int j = 0; j < L; ++j) {
-        kt[d * L + j] = j < k_count ? k(b, k_first + j, h, d) : T(0);
-        vt[d * L + j] = j < k_count ? v(b, k_first + j, h, d) : T(0);
-        dkt[d * L + j] = T(0);
-        dvt[d * L + j] = T(0);
-      }
-    });
+    load_transposed<L>(team, k, b, h, k_first, k_count, D, T(1), kt);
+    load_transposed<L>(team, v, b, h, k_first, k_count, D, T(1), vt);
+    zero_scratch(team, dkt, D * L);
+    zero_scratch(team, dvt, D * L);
 
     const int visits = pattern.query_block_count(kb);
     for (int n = 0; n < visits; ++n) {
@@ -407,13 +415,9 @@ struct QueryGradientKernel {
     T* lse2 = arena.template take<T>(L);
     T* delta_rows = arena.template take<T>(L);
 
-    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, D), [&](int d) {
-      for (int i = 0; i < L; ++i) {
-        qt[d * L + i] = i < q_count ? q(b, q_first + i, h, d) * scale_log2 : T(0);
-        dot[d * L + i] = i < q_count ? d_o(b, q_first + i, h, d) : T(0);
-        dqt[d * L + i] = T(0);
-      }
-    });
+    load_transposed<L>(team, q, b, h, q_first, q_count, D, scale_log2, qt);
+    load_transposed<L>(team, d_o, b, h, q_first, q_count, D, T(1), dot);
+    zero_scratch(team, dqt, D * L);
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, L), [&](int i) {
       if (i < q_count) {
         load_row_statistics(lse, delta, b, h, q_first + i, lse2[i], delta_rows[i]);
