@@ -16,11 +16,17 @@
 #include "longattn/core/merge_partial.hpp"
 #include "reference/attention.hpp"
 #include "reference/random.hpp"
+#include "reference/tensors.hpp"
 
 namespace {
 
 using longattn::test::HostRows;
 using longattn::test::HostTensor;
+using longattn::test::random_tensor;
+using longattn::test::relative_error;
+using longattn::test::to_device;
+using longattn::test::to_host;
+using longattn::test::tolerance;
 
 struct Shape {
   int batch, queries, keys, heads, head_dim;
@@ -33,63 +39,6 @@ std::string describe(const Shape& s, bool causal) {
       << s.head_dim << " offsets " << s.query_offset << "/" << s.key_offset << (causal ? " causal" : "")
       << ", seed " << longattn::test::test_seed();
   return out.str();
-}
-
-// Uniform values in [-1, 1), rounded through T so that the reference sees exactly the kernel's inputs.
-template <class T>
-HostTensor random_tensor(int b, int n, int h, int d, std::mt19937_64& rng) {
-  HostTensor t("random", b, n, h, d);
-  std::uniform_real_distribution<double> uniform(-1.0, 1.0);
-  for (std::size_t i = 0; i < t.span(); ++i) t.data()[i] = static_cast<double>(static_cast<T>(uniform(rng)));
-  return t;
-}
-
-template <class T, class Memory, class Host>
-auto to_device(const Host& host) {
-  Kokkos::View<T****, Kokkos::LayoutRight, Memory> device("device", host.extent(0), host.extent(1),
-                                                          host.extent(2), host.extent(3));
-  auto mirror = Kokkos::create_mirror_view(device);
-  for (std::size_t i = 0; i < mirror.span(); ++i) mirror.data()[i] = static_cast<T>(host.data()[i]);
-  Kokkos::deep_copy(device, mirror);
-  return device;
-}
-
-// Any device view (rank 3 or 4, any layout) as a double host view.
-template <class View>
-auto to_host(const View& view) {
-  auto mirror = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), view);
-  if constexpr (View::rank == 4) {
-    HostTensor out("host", view.extent(0), view.extent(1), view.extent(2), view.extent(3));
-    for (std::size_t a = 0; a < out.extent(0); ++a)
-      for (std::size_t b = 0; b < out.extent(1); ++b)
-        for (std::size_t c = 0; c < out.extent(2); ++c)
-          for (std::size_t d = 0; d < out.extent(3); ++d) out(a, b, c, d) = mirror(a, b, c, d);
-    return out;
-  } else {
-    HostRows out("host", view.extent(0), view.extent(1), view.extent(2));
-    for (std::size_t a = 0; a < out.extent(0); ++a)
-      for (std::size_t b = 0; b < out.extent(1); ++b)
-        for (std::size_t c = 0; c < out.extent(2); ++c) out(a, b, c) = mirror(a, b, c);
-    return out;
-  }
-}
-
-// Largest |a - b| relative to max(1, largest |b|); equal infinities count as 0.
-template <class View>
-double relative_error(const View& a, const View& b) {
-  double worst = 0, size = 1;
-  for (std::size_t i = 0; i < b.span(); ++i) {
-    const double x = a.data()[i], y = b.data()[i];
-    if (std::isinf(y) && x == y) continue;
-    worst = std::max(worst, std::isnan(x) ? std::numeric_limits<double>::infinity() : std::abs(x - y));
-    size = std::max(size, std::abs(y));
-  }
-  return worst / size;
-}
-
-template <class T>
-double tolerance() {
-  return std::is_same_v<T, float> ? 2e-5 : 1e-12;
 }
 
 longattn::AttentionOptions options(const Shape& s, bool causal) {
@@ -159,6 +108,48 @@ TEMPLATE_LIST_TEST_CASE("attention forward and backward match the double referen
       check_forward_and_backward<TestType, float>(s, causal, rng);
       check_forward_and_backward<TestType, double>(s, causal, rng);
     }
+}
+
+TEMPLATE_LIST_TEST_CASE("output_scale scales o and its gradients; accumulate_gradients adds to them",
+                        "[core][attention]", longattn::test::ExecutionSpaces) {
+  using Memory = typename TestType::memory_space;
+  std::mt19937_64 rng(longattn::test::test_seed());
+  const Shape s{2, 77, 90, 2, 16, 20, 0};
+  const double c = -0.375;
+  for (bool causal : {false, true}) {
+    INFO(describe(s, causal) << ", output_scale " << c);
+    const HostTensor q = random_tensor<double>(2, 77, 2, 16, rng), k = random_tensor<double>(2, 90, 2, 16, rng);
+    const HostTensor v = random_tensor<double>(2, 90, 2, 16, rng), d_o = random_tensor<double>(2, 77, 2, 16, rng);
+    HostTensor o_ref("o", 2, 77, 2, 16), dq_ref("dq", 2, 77, 2, 16), dk_ref("dk", 2, 90, 2, 16), dv_ref("dv", 2, 90, 2, 16);
+    HostRows lse_ref("lse", 2, 2, 77);
+    longattn::test::reference_attention_forward(q, k, v, o_ref, lse_ref, reference_options(s, causal));
+    longattn::test::reference_attention_backward(q, k, v, d_o, dq_ref, dk_ref, dv_ref, reference_options(s, causal));
+    // d(c O) / d(q, k, v) for upstream dO is c times the unscaled gradients; lse is unchanged.
+    for (const HostTensor& t : {o_ref, dq_ref, dk_ref, dv_ref})
+      for (std::size_t i = 0; i < t.span(); ++i) t.data()[i] *= c;
+
+    auto qd = to_device<double, Memory>(q), kd = to_device<double, Memory>(k), vd = to_device<double, Memory>(v);
+    auto dod = to_device<double, Memory>(d_o);
+    Kokkos::View<double****, Memory> o("o", 2, 77, 2, 16), dq("dq", 2, 77, 2, 16), dk("dk", 2, 90, 2, 16), dv("dv", 2, 90, 2, 16);
+    Kokkos::View<double***, Memory> lse("lse", 2, 2, 77);
+    auto opts = options(s, causal);
+    opts.output_scale = c;
+    longattn::attention_forward(TestType(), qd, kd, vd, o, lse, opts);
+    longattn::attention_backward(TestType(), qd, kd, vd, o, dod, lse, dq, dk, dv, opts);
+    CHECK(relative_error(to_host(o), o_ref) <= tolerance<double>());
+    CHECK(relative_error(to_host(lse), lse_ref) <= tolerance<double>());
+    CHECK(relative_error(to_host(dq), dq_ref) <= tolerance<double>());
+    CHECK(relative_error(to_host(dk), dk_ref) <= tolerance<double>());
+    CHECK(relative_error(to_host(dv), dv_ref) <= tolerance<double>());
+
+    opts.accumulate_gradients = true;
+    longattn::attention_backward(TestType(), qd, kd, vd, o, dod, lse, dq, dk, dv, opts);
+    for (const HostTensor& t : {dq_ref, dk_ref, dv_ref})
+      for (std::size_t i = 0; i < t.span(); ++i) t.data()[i] *= 2;
+    CHECK(relative_error(to_host(dq), dq_ref) <= tolerance<double>());
+    CHECK(relative_error(to_host(dk), dk_ref) <= tolerance<double>());
+    CHECK(relative_error(to_host(dv), dv_ref) <= tolerance<double>());
+  }
 }
 
 TEMPLATE_LIST_TEST_CASE("attention reads and writes strided views without copies", "[core][attention]",
@@ -413,6 +404,10 @@ TEST_CASE("attention rejects bad input with a longattn::Error naming the argumen
   longattn::AttentionOptions inf_scale;
   inf_scale.softmax_scale = std::numeric_limits<double>::infinity();
   CHECK_THROWS_WITH(longattn::attention_forward(exec, q, k, v, o, lse, inf_scale), Catch::Contains("'opts.softmax_scale' is inf"));
+  longattn::AttentionOptions nan_output_scale;
+  nan_output_scale.output_scale = std::numeric_limits<double>::quiet_NaN();
+  CHECK_THROWS_WITH(longattn::attention_forward(exec, q, k, v, o, lse, nan_output_scale),
+                    Catch::Contains("'opts.output_scale' is nan, expected a finite number"));
   CHECK_THROWS_WITH(longattn::attention_forward(exec, q, k, v, q, lse),
                     Catch::Contains("argument 'o' is overlapping q"));
   F4 q_same_shape_as_k("q", 1, 12, 2, 16);

@@ -10,7 +10,8 @@
 // (accumulation in the same type). q and o have Nq tokens, k and v Nk; they may differ.
 //
 // Memory: the forward pass allocates nothing; the backward pass allocates
-// attention_backward_workspace_bytes() = B * H * Nq * sizeof(T) (Delta = rowsum(dO * O)). Each
+// attention_backward_workspace_bytes() = B * H * Nq * sizeof(T) (Delta = rowsum(dO * O),
+// through allocate_workspace). Each
 // team also uses the scratch of attention_scratch_bytes() (per thread on a CPU).
 #pragma once
 
@@ -25,6 +26,7 @@
 #include <utility>
 
 #include "longattn/core/dense_blocks.hpp"
+#include "longattn/core/workspace.hpp"
 #include "longattn/core/detail/attention_kernels.hpp"
 #include "longattn/error.hpp"
 
@@ -35,6 +37,12 @@ struct AttentionOptions {
   bool causal = false;                  // key j visible to query i iff key pos <= query pos
   std::int64_t query_offset = 0;        // global position of q's first token
   std::int64_t key_offset = 0;          // global position of k's first token
+  // o = output_scale * softmax(q k^T) v (lse stays that of the unscaled softmax); backward
+  // differentiates the scaled output. Dilated attention's head_groups mode divides by groups.
+  double output_scale = 1;
+  // Backward adds into dq, dk, dv instead of overwriting them: a query or key seen by several
+  // passes (dilation configurations, ring steps) sums its gradients in place.
+  bool accumulate_gradients = false;
 };
 
 // Largest head dimension the kernels accept (scratch grows with it).
@@ -173,6 +181,7 @@ AttentionGeometry check_attention(const char* where, const Q& q, const K& k, con
   if (opts.softmax_scale)
     require(std::isfinite(*opts.softmax_scale), where, "opts.softmax_scale", *opts.softmax_scale,
             "a finite number");
+  require(std::isfinite(opts.output_scale), where, "opts.output_scale", opts.output_scale, "a finite number");
   constexpr std::int64_t offset_limit = std::int64_t(1) << 62;
   require(opts.query_offset > -offset_limit && opts.query_offset < offset_limit, where,
           "opts.query_offset", opts.query_offset, "|offset| < 2^62");
@@ -188,6 +197,57 @@ AttentionGeometry check_attention(const char* where, const Q& q, const K& k, con
   geo.query_offset = opts.query_offset;
   geo.key_offset = opts.key_offset;
   geo.causal = opts.causal;
+  return geo;
+}
+
+// The checks of the forward pass: shapes, types, options, and outputs that alias no input.
+template <class ExecSpace, class T, class Q, class K, class V, class O, class Lse>
+AttentionGeometry check_forward(const char* where, const Q& q, const K& k, const V& v, const O& o,
+                                const Lse& lse, const AttentionOptions& opts) {
+  const AttentionGeometry geo = check_attention<ExecSpace, T>(where, q, k, v, o, lse, opts);
+  check_no_alias(where, "o", o, "q", q);
+  check_no_alias(where, "o", o, "k", k);
+  check_no_alias(where, "o", o, "v", v);
+  check_no_alias(where, "lse", lse, "q", q);
+  check_no_alias(where, "lse", lse, "k", k);
+  check_no_alias(where, "lse", lse, "v", v);
+  check_no_alias(where, "lse", lse, "o", o);
+  return geo;
+}
+
+// The checks of the backward pass: those of the forward inputs, then the gradients' shapes and
+// that no gradient aliases an input or another gradient.
+template <class ExecSpace, class T, class Q, class K, class V, class O, class DO, class Lse, class DQ,
+          class DK, class DV>
+AttentionGeometry check_backward(const char* where, const Q& q, const K& k, const V& v, const O& o,
+                                 const DO& d_o, const Lse& lse, const DQ& dq, const DK& dk, const DV& dv,
+                                 const AttentionOptions& opts) {
+  const AttentionGeometry geo = check_attention<ExecSpace, T>(where, q, k, v, o, lse, opts);
+  static_assert(DO::rank == 4 && DQ::rank == 4 && DK::rank == 4 && DV::rank == 4,
+                "d_o, dq, dk, dv are rank-4 views [batch, tokens, heads, head dim]");
+  check_view<ExecSpace, T>(where, "d_o", d_o);
+  check_view<ExecSpace, T>(where, "dq", dq);
+  check_view<ExecSpace, T>(where, "dk", dk);
+  check_view<ExecSpace, T>(where, "dv", dv);
+  const std::int64_t B = geo.batch, Nq = geo.queries, Nk = geo.keys, H = geo.heads, D = geo.head_dim;
+  check_extents(where, "d_o", d_o, {B, Nq, H, D}, "the extents of o");
+  check_extents(where, "dq", dq, {B, Nq, H, D}, "the extents of q");
+  check_extents(where, "dk", dk, {B, Nk, H, D}, "the extents of k");
+  check_extents(where, "dv", dv, {B, Nk, H, D}, "the extents of v");
+  auto no_alias = [&](const char* name, const auto& output) {
+    check_no_alias(where, name, output, "q", q);
+    check_no_alias(where, name, output, "k", k);
+    check_no_alias(where, name, output, "v", v);
+    check_no_alias(where, name, output, "o", o);
+    check_no_alias(where, name, output, "d_o", d_o);
+    check_no_alias(where, name, output, "lse", lse);
+  };
+  no_alias("dq", dq);
+  no_alias("dk", dk);
+  no_alias("dv", dv);
+  check_no_alias(where, "dq", dq, "dk", dk);
+  check_no_alias(where, "dq", dq, "dv", dv);
+  check_no_alias(where, "dk", dk, "dv", dv);
   return geo;
 }
 
@@ -243,19 +303,13 @@ void attention_forward(const ExecSpace& exec, const Q& q, const K& k, const V& v
                        const Lse& lse, const AttentionOptions& opts, const Blocks& blocks) {
   using T = detail::scalar_of<Q>;
   const char* where = "longattn::attention_forward";
-  const detail::AttentionGeometry geo = detail::check_attention<ExecSpace, T>(where, q, k, v, o, lse, opts);
-  detail::check_no_alias(where, "o", o, "q", q);
-  detail::check_no_alias(where, "o", o, "k", k);
-  detail::check_no_alias(where, "o", o, "v", v);
-  detail::check_no_alias(where, "lse", lse, "q", q);
-  detail::check_no_alias(where, "lse", lse, "k", k);
-  detail::check_no_alias(where, "lse", lse, "v", v);
-  detail::check_no_alias(where, "lse", lse, "o", o);
+  const detail::AttentionGeometry geo = detail::check_forward<ExecSpace, T>(where, q, k, v, o, lse, opts);
   if constexpr (detail::runnable<T, K, V, O, Lse>) {
     detail::check_blocks<ExecSpace, T>(where, blocks, geo);
     const double scale = detail::softmax_scale(opts, geo.head_dim);
     detail::ForwardKernel<ExecSpace, T, Blocks> kernel{q, k, v, o, lse, geo, blocks,
-                                                       T(scale * detail::log2_e<double>()), 0};
+                                                       T(scale * detail::log2_e<double>()),
+                                                       T(opts.output_scale), 0};
     detail::run_team_kernel("longattn::attention_forward", exec, kernel);
   }
 }
@@ -275,50 +329,28 @@ void attention_backward(const ExecSpace& exec, const Q& q, const K& k, const V& 
                         const AttentionOptions& opts, const Blocks& blocks) {
   using T = detail::scalar_of<Q>;
   const char* where = "longattn::attention_backward";
-  const detail::AttentionGeometry geo = detail::check_attention<ExecSpace, T>(where, q, k, v, o, lse, opts);
-  static_assert(DO::rank == 4 && DQ::rank == 4 && DK::rank == 4 && DV::rank == 4,
-                "d_o, dq, dk, dv are rank-4 views [batch, tokens, heads, head dim]");
-  detail::check_view<ExecSpace, T>(where, "d_o", d_o);
-  detail::check_view<ExecSpace, T>(where, "dq", dq);
-  detail::check_view<ExecSpace, T>(where, "dk", dk);
-  detail::check_view<ExecSpace, T>(where, "dv", dv);
-  const std::int64_t B = geo.batch, Nq = geo.queries, Nk = geo.keys, H = geo.heads, D = geo.head_dim;
-  detail::check_extents(where, "d_o", d_o, {B, Nq, H, D}, "the extents of o");
-  detail::check_extents(where, "dq", dq, {B, Nq, H, D}, "the extents of q");
-  detail::check_extents(where, "dk", dk, {B, Nk, H, D}, "the extents of k");
-  detail::check_extents(where, "dv", dv, {B, Nk, H, D}, "the extents of v");
-  auto no_alias = [&](const char* name, const auto& output) {
-    detail::check_no_alias(where, name, output, "q", q);
-    detail::check_no_alias(where, name, output, "k", k);
-    detail::check_no_alias(where, name, output, "v", v);
-    detail::check_no_alias(where, name, output, "o", o);
-    detail::check_no_alias(where, name, output, "d_o", d_o);
-    detail::check_no_alias(where, name, output, "lse", lse);
-  };
-  no_alias("dq", dq);
-  no_alias("dk", dk);
-  no_alias("dv", dv);
-  detail::check_no_alias(where, "dq", dq, "dk", dk);
-  detail::check_no_alias(where, "dq", dq, "dv", dv);
-  detail::check_no_alias(where, "dk", dk, "dv", dv);
+  const detail::AttentionGeometry geo =
+      detail::check_backward<ExecSpace, T>(where, q, k, v, o, d_o, lse, dq, dk, dv, opts);
 
   if constexpr (detail::runnable<T, K, V, O, DO, Lse, DQ, DK, DV>) {
     detail::check_blocks<ExecSpace, T>(where, blocks, geo);
     const double scale = detail::softmax_scale(opts, geo.head_dim);
     const T scale_log2 = T(scale * detail::log2_e<double>());
     using Memory = typename ExecSpace::memory_space;
-    const Kokkos::View<T***, Memory> delta(
-        Kokkos::view_alloc(exec, Kokkos::WithoutInitializing, "longattn::attention_backward::delta"),
-        geo.batch, geo.heads, geo.queries);
+    const auto delta = allocate_workspace<Kokkos::View<T***, Memory>>(
+        exec, "longattn::attention_backward::delta", geo.batch, geo.heads, geo.queries);
     Kokkos::parallel_for("longattn::attention_backward::delta",
-                         Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(exec, 0, B * H * Nq),
+                         Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(
+                             exec, 0, std::int64_t(geo.batch) * geo.heads * geo.queries),
                          detail::DeltaKernel<ExecSpace, T>{o, d_o, delta, geo.heads, geo.queries, geo.head_dim});
     detail::run_team_kernel("longattn::attention_backward::dk_dv", exec,
                             detail::KeyGradientKernel<ExecSpace, T, Blocks>{
-                                q, k, v, d_o, lse, delta, dk, dv, geo, blocks, scale_log2, 0});
+                                q, k, v, d_o, lse, delta, dk, dv, geo, blocks, scale_log2, T(opts.output_scale),
+                                opts.accumulate_gradients, 0});
     detail::run_team_kernel("longattn::attention_backward::dq", exec,
                             detail::QueryGradientKernel<ExecSpace, T, Blocks>{
-                                q, k, v, d_o, lse, delta, dq, geo, blocks, T(scale), scale_log2, 0});
+                                q, k, v, d_o, lse, delta, dq, geo, blocks, T(scale), scale_log2,
+                                T(opts.output_scale), opts.accumulate_gradients, 0});
   }
 }
 

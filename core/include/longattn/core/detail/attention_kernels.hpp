@@ -146,6 +146,7 @@ struct ForwardKernel {
   AttentionGeometry geo;
   Pattern pattern;
   T scale_log2;  // softmax scale * log2(e)
+  T output_scale;
   int scratch_level;
 
   static std::size_t scratch_bytes(int head_dim) {
@@ -226,10 +227,11 @@ struct ForwardKernel {
       team.team_barrier();
     }
 
-    // O = Ot / l; LSE = ln(2) (m + log2 l). A query that sees no key gets O = 0, LSE = -inf.
+    // O = output_scale Ot / l; LSE = ln(2) (m + log2 l). A query that sees no key gets O = 0,
+    // LSE = -inf.
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, q_count), [&](int i) {
       const T sum = l[i];
-      const T inverse = sum > T(0) ? T(1) / sum : T(0);
+      const T inverse = sum > T(0) ? output_scale / sum : T(0);
       for (int d = 0; d < D; ++d) o(b, q_first + i, h, d) = ot[d * L + i] * inverse;
       lse(b, h, q_first + i) =
           sum > T(0) ? (m[i] + Kokkos::Experimental::log2(sum)) * ln_2<T>() : minus_infinity<T>();
@@ -284,6 +286,8 @@ struct KeyGradientKernel {
   AttentionGeometry geo;
   Pattern pattern;
   T scale_log2;
+  T output_scale;  // d(output_scale O)/dO: dO enters every product times output_scale
+  bool accumulate;  // add into dk, dv
   int scratch_level;
 
   static std::size_t scratch_bytes(int head_dim) {
@@ -323,7 +327,7 @@ struct KeyGradientKernel {
       Kokkos::parallel_for(Kokkos::TeamThreadRange(team, q_count), [&](int i) {
         for (int d = 0; d < D; ++d) {
           qs[i * D + d] = q(b, q_first + i, h, d) * scale_log2;
-          dos[i * D + d] = d_o(b, q_first + i, h, d);
+          dos[i * D + d] = d_o(b, q_first + i, h, d) * output_scale;
         }
         load_row_statistics(lse, delta, b, h, q_first + i, lse2[i], delta_rows[i]);
       });
@@ -364,8 +368,10 @@ struct KeyGradientKernel {
     // dK = scale * dS^T Q; Q was scaled by scale * log2(e), so dKt carries an extra log2(e).
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, k_count), [&](int j) {
       for (int d = 0; d < D; ++d) {
-        dk(b, k_first + j, h, d) = dkt[d * L + j] * ln_2<T>();
-        dv(b, k_first + j, h, d) = dvt[d * L + j];
+        T& dk_out = dk(b, k_first + j, h, d);
+        T& dv_out = dv(b, k_first + j, h, d);
+        dk_out = (accumulate ? dk_out : T(0)) + dkt[d * L + j] * ln_2<T>();
+        dv_out = (accumulate ? dv_out : T(0)) + dvt[d * L + j];
       }
     });
   }
@@ -390,6 +396,8 @@ struct QueryGradientKernel {
   Pattern pattern;
   T scale;
   T scale_log2;
+  T output_scale;
+  bool accumulate;  // add into dq
   int scratch_level;
 
   static std::size_t scratch_bytes(int head_dim) {
@@ -416,7 +424,7 @@ struct QueryGradientKernel {
     T* delta_rows = arena.template take<T>(L);
 
     load_transposed<L>(team, q, b, h, q_first, q_count, D, scale_log2, qt);
-    load_transposed<L>(team, d_o, b, h, q_first, q_count, D, T(1), dot);
+    load_transposed<L>(team, d_o, b, h, q_first, q_count, D, output_scale, dot);
     zero_scratch(team, dqt, D * L);
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, L), [&](int i) {
       if (i < q_count) {
@@ -464,7 +472,10 @@ struct QueryGradientKernel {
     team.team_barrier();
 
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, q_count), [&](int i) {
-      for (int d = 0; d < D; ++d) dq(b, q_first + i, h, d) = dqt[d * L + i] * scale;
+      for (int d = 0; d < D; ++d) {
+        T& dq_out = dq(b, q_first + i, h, d);
+        dq_out = (accumulate ? dq_out : T(0)) + dqt[d * L + i] * scale;
+      }
     });
   }
 };

@@ -1,0 +1,277 @@
+// Dilated attention (LongNet), forward and backward, on the fused attention kernel:
+//
+//   dilated_attention_forward(exec, q, k, v, o, lse, config[, opts])
+//   dilated_attention_backward(exec, q, k, v, o, d_o, lse, dq, dk, dv, config[, opts])
+//
+// Configuration i = (segment length w_i, dilation rate r_i), r_i dividing w_i. The sequence is
+// cut into segments of w_i tokens (the last may be shorter); inside a segment the tokens at
+// offset, offset + r_i, offset + 2 r_i, ... attend to each other (causally, in that order, when
+// opts.causal). Two modes:
+//   longnet      every head uses every configuration, head h with offset h mod r_i; the partial
+//                results are merged by their softmax denominators (LongNet Eq. 10, merge_partial
+//                on the LSEs); a (token, head) no configuration selects gets o = 0, lse = -inf.
+//   head_groups  (dilated-attention-pytorch's semantics) heads are split into k groups, sizes as
+//                equal as possible with the earlier groups one larger; group i uses configuration
+//                i with offset i mod r_i; unselected tokens get zero; o is divided by k.
+//
+// Each (configuration, offset, heads) pass is the fused kernel on strided views: segments are
+// the batch dimension, every r-th token a stride, the heads of an offset a head stride. Nothing
+// is gathered or copied. Cost: per head and configuration about N w_i / r_i^2 scores, linear in N.
+//
+// lse: longnet, the log of the merged denominator (what backward needs); head_groups, that of
+// the group's own softmax. Backward is exact: every pass recomputes its probabilities from the
+// final lse and o (the merged softmax is one softmax over the union of the passes' keys), and
+// adds its gradients into dq, dk, dv.
+//
+// Memory: forward in longnet mode with more than one configuration allocates one partial output
+// and LSE (dilated_attention_workspace_bytes); backward allocates each pass's Delta (at most
+// B * H * N values). q, k, v are one sequence (same token count), positions start at 0.
+#pragma once
+
+#include <Kokkos_Core.hpp>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "longattn/core/attention.hpp"
+#include "longattn/core/merge_partial.hpp"
+#include "longattn/core/workspace.hpp"
+#include "longattn/error.hpp"
+
+namespace longattn {
+
+enum class DilatedMode { longnet, head_groups };
+
+struct DilatedConfig {
+  std::vector<std::int64_t> segment_lengths;  // w_i, tokens
+  std::vector<std::int64_t> dilation_rates;   // r_i, dividing w_i
+  DilatedMode mode = DilatedMode::longnet;
+};
+
+inline const char* to_string(DilatedMode mode) {
+  return mode == DilatedMode::longnet ? "longnet" : "head_groups";
+}
+
+// Throws longattn::Error (from `where`) naming the first invalid entry: lengths differ, empty,
+// a value not positive or not below 2^30, r_i not dividing w_i, or (head_groups) fewer heads
+// than configurations. heads = 0 skips the head check.
+inline void validate_dilated_config(const DilatedConfig& config, int heads, const char* where) {
+  const std::size_t count = config.segment_lengths.size();
+  require(count > 0, where, "config.segment_lengths.size()", count, "at least one configuration");
+  require(config.dilation_rates.size() == count, where, "config.dilation_rates.size()",
+          config.dilation_rates.size(), std::to_string(count) + " (one rate per segment length)");
+  constexpr std::int64_t limit = std::int64_t(1) << 30;
+  for (std::size_t i = 0; i < count; ++i) {
+    const std::string index = "[" + std::to_string(i) + "]";
+    const std::int64_t w = config.segment_lengths[i], r = config.dilation_rates[i];
+    require(w > 0 && w < limit, where, "config.segment_lengths" + index, w, "a token count in [1, 2^30)");
+    require(r > 0 && r < limit, where, "config.dilation_rates" + index, r, "a rate in [1, 2^30)");
+    require(w % r == 0, where, "config.dilation_rates" + index, r,
+            "a divisor of config.segment_lengths" + index + " = " + std::to_string(w));
+  }
+  if (config.mode == DilatedMode::head_groups && heads > 0)
+    require(std::size_t(heads) >= count, where, "heads", heads,
+            "at least " + std::to_string(count) + " (one per configuration in head_groups mode)");
+}
+
+namespace detail {
+
+// One pass of the pattern: configuration (w, r), the token offset inside each segment, the
+// heads it covers (first, first + step, ..., count of them), and o's scale.
+struct DilatedPass {
+  int config;
+  std::int64_t segment, rate, offset;
+  int head_first, head_step, head_count;
+};
+
+inline std::vector<DilatedPass> dilated_passes(const DilatedConfig& config, int heads) {
+  std::vector<DilatedPass> passes;
+  const int count = static_cast<int>(config.segment_lengths.size());
+  int group_first = 0;
+  for (int i = 0; i < count; ++i) {
+    const std::int64_t w = config.segment_lengths[i], r = config.dilation_rates[i];
+    if (config.mode == DilatedMode::longnet) {
+      // Heads h = offset, offset + r, ... share offset h mod r.
+      for (std::int64_t offset = 0; offset < r && offset < heads; ++offset)
+        passes.push_back({i, w, r, offset, int(offset), int(r), int((heads - offset + r - 1) / r)});
+    } else {
+      const int size = heads / count + (i < heads % count ? 1 : 0);
+      passes.push_back({i, w, r, i % r, group_first, 1, size});
+      group_first += size;
+    }
+  }
+  return passes;
+}
+
+// The tokens of a pass, in one batch entry, as up to two runs of equal segments: the full
+// segments, then the final short one. A run is [first token, segments, selected per segment].
+struct SegmentRun {
+  std::int64_t first, segments, tokens;
+};
+
+inline std::vector<SegmentRun> segment_runs(const DilatedPass& pass, std::int64_t tokens) {
+  std::vector<SegmentRun> runs;
+  const std::int64_t full = tokens / pass.segment, tail = tokens - full * pass.segment;
+  if (full > 0) runs.push_back({0, full, pass.segment / pass.rate});
+  if (tail > pass.offset) runs.push_back({full * pass.segment, 1, (tail - pass.offset + pass.rate - 1) / pass.rate});
+  return runs;
+}
+
+template <class View>
+using StridedView = Kokkos::View<typename View::value_type****, Kokkos::LayoutStride,
+                                 typename View::memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+template <class View>
+using StridedRows = Kokkos::View<typename View::value_type***, Kokkos::LayoutStride,
+                                 typename View::memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+
+// x [B, N, H, D] -> the run's tokens of batch entry b and the pass's heads, as
+// [segments, selected tokens, heads, D]: a view, no copy.
+template <class View>
+StridedView<View> select_tokens(const View& x, int b, const DilatedPass& pass, const SegmentRun& run) {
+  const std::size_t token_stride = x.stride(1);
+  return StridedView<View>(&x(b, run.first + pass.offset, pass.head_first, 0),
+                           Kokkos::LayoutStride(run.segments, pass.segment * token_stride, run.tokens,
+                                                pass.rate * token_stride, pass.head_count,
+                                                pass.head_step * x.stride(2), x.extent(3), x.stride(3)));
+}
+
+// lse [B, H, N] -> the same selection as [segments, heads, selected tokens].
+template <class View>
+StridedRows<View> select_rows(const View& lse, int b, const DilatedPass& pass, const SegmentRun& run) {
+  const std::size_t token_stride = lse.stride(2);
+  return StridedRows<View>(&lse(b, pass.head_first, run.first + pass.offset),
+                           Kokkos::LayoutStride(run.segments, pass.segment * token_stride, pass.head_count,
+                                                pass.head_step * lse.stride(1), run.tokens,
+                                                pass.rate * token_stride));
+}
+
+// Calls f(pass, run, b) for every pass, batch entry and segment run, in pass order.
+template <class F>
+void for_each_dilated_run(const std::vector<DilatedPass>& passes, int batch, std::int64_t tokens, F&& f) {
+  for (const DilatedPass& pass : passes)
+    for (const SegmentRun& run : segment_runs(pass, tokens))
+      for (int b = 0; b < batch; ++b) f(pass, run, b);
+}
+
+// The checks dilated attention adds to the kernel's: one sequence, positions from 0, a valid
+// configuration for these heads.
+inline void check_dilated(const char* where, const AttentionGeometry& geo, const DilatedConfig& config) {
+  require(geo.keys == geo.queries, where, "k.extent(1)", geo.keys,
+          std::to_string(geo.queries) + " (q's token count: dilated attention is self-attention over one sequence)");
+  require(geo.query_offset == 0, where, "opts.query_offset", geo.query_offset, "0 (segments start at token 0)");
+  require(geo.key_offset == 0, where, "opts.key_offset", geo.key_offset, "0 (segments start at token 0)");
+  validate_dilated_config(config, geo.heads, where);
+}
+
+// The options every pass runs with: head_groups divides o by the number of groups.
+inline AttentionOptions pass_options(const AttentionOptions& opts, const DilatedConfig& config) {
+  AttentionOptions pass = opts;
+  if (config.mode == DilatedMode::head_groups) pass.output_scale /= double(config.segment_lengths.size());
+  return pass;
+}
+
+}  // namespace detail
+
+// Bytes the forward pass allocates (the partial output and LSE of longnet's merge).
+template <class T>
+std::size_t dilated_attention_workspace_bytes(int batch, std::int64_t tokens, int heads, int head_dim,
+                                              const DilatedConfig& config) {
+  if (config.mode != DilatedMode::longnet || config.segment_lengths.size() < 2) return 0;
+  return std::size_t(batch) * tokens * heads * (head_dim + 1) * sizeof(T);
+}
+
+// Query-key scores the pattern computes per batch entry, over all heads (4 * head_dim flops each
+// in the forward pass): the work actually done, for FLOP rates and planning.
+inline double dilated_attention_scores(std::int64_t tokens, int heads, const DilatedConfig& config, bool causal) {
+  validate_dilated_config(config, heads, "longattn::dilated_attention_scores");
+  double scores = 0;
+  for (const detail::DilatedPass& pass : detail::dilated_passes(config, heads))
+    for (const detail::SegmentRun& run : detail::segment_runs(pass, tokens)) {
+      const double n = double(run.tokens);
+      scores += double(run.segments) * pass.head_count * (causal ? n * (n + 1) / 2 : n * n);
+    }
+  return scores;
+}
+
+// ---------------------------------------------------------------------------------------------
+template <class ExecSpace, class Q, class K, class V, class O, class Lse>
+void dilated_attention_forward(const ExecSpace& exec, const Q& q, const K& k, const V& v, const O& o,
+                               const Lse& lse, const DilatedConfig& config, const AttentionOptions& opts = {}) {
+  using T = detail::scalar_of<Q>;
+  const char* where = "longattn::dilated_attention_forward";
+  const detail::AttentionGeometry geo = detail::check_forward<ExecSpace, T>(where, q, k, v, o, lse, opts);
+  detail::check_dilated(where, geo, config);
+  if constexpr (detail::runnable<T, K, V, O, Lse>) {
+    const std::vector<detail::DilatedPass> passes = detail::dilated_passes(config, geo.heads);
+    const AttentionOptions pass_opts = detail::pass_options(opts, config);
+    // longnet's first configuration and every head group write o and lse directly; (token, head)
+    // pairs they leave unselected (r > 1) start as "no key seen": o = 0, lse = -inf.
+    bool unselected = config.dilation_rates[0] > 1;
+    if (config.mode == DilatedMode::head_groups)
+      for (const std::int64_t rate : config.dilation_rates) unselected = unselected || rate > 1;
+    if (unselected) {
+      Kokkos::deep_copy(exec, o, T(0));
+      Kokkos::deep_copy(exec, lse, detail::minus_infinity<T>());
+    }
+    const bool merged = config.mode == DilatedMode::longnet && passes.back().config > 0;
+    using Memory = typename ExecSpace::memory_space;
+    Kokkos::View<T****, Kokkos::LayoutRight, Memory> o_part;
+    Kokkos::View<T***, Kokkos::LayoutRight, Memory> lse_part;
+    if (merged) {
+      o_part = allocate_workspace<decltype(o_part)>(exec, "longattn::dilated_attention::o_part", geo.batch,
+                                                    geo.queries, geo.heads, geo.head_dim);
+      lse_part = allocate_workspace<decltype(lse_part)>(exec, "longattn::dilated_attention::lse_part",
+                                                        geo.batch, geo.heads, geo.queries);
+    }
+    detail::for_each_dilated_run(passes, geo.batch, geo.queries, [&](const detail::DilatedPass& pass,
+                                                                     const detail::SegmentRun& run, int b) {
+      const auto q_run = detail::select_tokens(q, b, pass, run);
+      const auto k_run = detail::select_tokens(k, b, pass, run);
+      const auto v_run = detail::select_tokens(v, b, pass, run);
+      const auto o_run = detail::select_tokens(o, b, pass, run);
+      const auto lse_run = detail::select_rows(lse, b, pass, run);
+      if (config.mode == DilatedMode::head_groups || pass.config == 0) {
+        attention_forward(exec, q_run, k_run, v_run, o_run, lse_run, pass_opts);
+      } else {
+        const auto o_part_run = detail::select_tokens(o_part, b, pass, run);
+        const auto lse_part_run = detail::select_rows(lse_part, b, pass, run);
+        attention_forward(exec, q_run, k_run, v_run, o_part_run, lse_part_run, pass_opts);
+        merge_partial(exec, o_run, lse_run, o_part_run, lse_part_run);
+      }
+    });
+  }
+}
+
+// Gradients of sum(d_o * o) for the o that dilated_attention_forward returned with this lse.
+// Written into dq, dk, dv, or added to them with opts.accumulate_gradients.
+template <class ExecSpace, class Q, class K, class V, class O, class DO, class Lse, class DQ, class DK, class DV>
+void dilated_attention_backward(const ExecSpace& exec, const Q& q, const K& k, const V& v, const O& o,
+                                const DO& d_o, const Lse& lse, const DQ& dq, const DK& dk, const DV& dv,
+                                const DilatedConfig& config, const AttentionOptions& opts = {}) {
+  using T = detail::scalar_of<Q>;
+  const char* where = "longattn::dilated_attention_backward";
+  const detail::AttentionGeometry geo =
+      detail::check_backward<ExecSpace, T>(where, q, k, v, o, d_o, lse, dq, dk, dv, opts);
+  detail::check_dilated(where, geo, config);
+  if constexpr (detail::runnable<T, K, V, O, DO, Lse, DQ, DK, DV>) {
+    if (!opts.accumulate_gradients) {
+      Kokkos::deep_copy(exec, dq, T(0));
+      Kokkos::deep_copy(exec, dk, T(0));
+      Kokkos::deep_copy(exec, dv, T(0));
+    }
+    AttentionOptions pass_opts = detail::pass_options(opts, config);
+    pass_opts.accumulate_gradients = true;  // a token's passes sum their gradients
+    detail::for_each_dilated_run(
+        detail::dilated_passes(config, geo.heads), geo.batch, geo.queries,
+        [&](const detail::DilatedPass& pass, const detail::SegmentRun& run, int b) {
+          attention_backward(exec, detail::select_tokens(q, b, pass, run), detail::select_tokens(k, b, pass, run),
+                             detail::select_tokens(v, b, pass, run), detail::select_tokens(o, b, pass, run),
+                             detail::select_tokens(d_o, b, pass, run), detail::select_rows(lse, b, pass, run),
+                             detail::select_tokens(dq, b, pass, run), detail::select_tokens(dk, b, pass, run),
+                             detail::select_tokens(dv, b, pass, run), pass_opts);
+        });
+  }
+}
+
+}  // namespace longattn
