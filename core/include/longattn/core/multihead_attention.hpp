@@ -1,0 +1,305 @@
+// MultiheadAttention: the self-attention layer of a transformer block, forward and backward.
+//
+//   x [B, N, E] -> Q, K, V = x W_i^T + b_i   (i = q, k, v; each [B, N, E] = [B, N, H, D])
+//               -> A = attention(Q, K, V)    (dense, dilated or auto: the module's AttentionSpec)
+//               -> Z = LayerNorm(A)          (MAGNETO's sub-LayerNorm; optional, on by default)
+//               -> y = Z W_out^T + b_out
+//
+// Parameters live in one flat buffer (parameters(), gradients(): what an optimizer or an
+// all-reduce walks), in this order: W_qkv [3E, E] (rows q, then k, then v), b_qkv [3E],
+// W_out [E, E], b_out [E], and with the sub-LayerNorm gamma [E], beta [E]. Initialization as
+// MAGNETO: W_q, W_k Xavier-normal with gain 1, W_v and W_out with gain gamma_init, biases 0,
+// gamma 1, beta 0 (a seeded host generator: the same seed gives the same weights everywhere).
+//
+// forward() keeps the activations backward() needs (Q, K, V, A, LSE, Z and the LayerNorm
+// statistics: activation_bytes()), and a handle to x: x must be unchanged until backward().
+// backward() writes dx and adds the parameters' gradients into gradients() (zero_gradients()
+// clears them), so micro-batches accumulate. Projections are Kokkos Kernels gemm calls; the
+// module runs on the default instance of ExecSpace. Inputs are contiguous LayoutRight views.
+#pragma once
+
+#include <KokkosBlas2_gemv.hpp>
+#include <Kokkos_Core.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <string>
+
+#include "longattn/core/attention.hpp"
+#include "longattn/core/attention_spec.hpp"
+#include "longattn/core/gemm.hpp"
+#include "longattn/core/layer_norm.hpp"
+#include "longattn/core/workspace.hpp"
+#include "longattn/error.hpp"
+
+namespace longattn {
+
+struct MultiheadAttentionOptions {
+  std::string attention = "dense";  // an attention spec (attention_spec.hpp)
+  bool causal = false;
+  bool sub_layer_norm = true;       // MAGNETO's LayerNorm before the output projection
+  double layer_norm_eps = 1e-5;
+  double gamma_init = 1.0;          // MAGNETO's gain for W_v and W_out (depends on the model's depth)
+  std::uint64_t seed = 0;           // weight initialization
+};
+
+template <class ExecSpace, class T = float>
+class MultiheadAttention {
+ public:
+  using execution_space = ExecSpace;
+  using memory_space = typename ExecSpace::memory_space;
+  using Tokens = Kokkos::View<T***, Kokkos::LayoutRight, memory_space>;  // [B, N, E]
+  using ConstTokens = Kokkos::View<const T***, Kokkos::LayoutRight, memory_space>;
+  using Flat = Kokkos::View<T*, memory_space>;
+  using Vector = Kokkos::View<T*, memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+  using Matrix = Kokkos::View<T**, Kokkos::LayoutRight, memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+
+  // Named views into parameters() or gradients().
+  struct Tensors {
+    Matrix w_qkv;  // [3E, E]
+    Vector b_qkv;  // [3E]
+    Matrix w_out;  // [E, E]
+    Vector b_out;  // [E]
+    Vector ln_gamma, ln_beta;  // [E], or empty without the sub-LayerNorm
+  };
+
+  MultiheadAttention(int embed_dim, int heads, const MultiheadAttentionOptions& options = {})
+      : embed_dim_(embed_dim), heads_(heads), options_(options), spec_(parse_attention_spec(options.attention)) {
+    const char* where = "longattn::MultiheadAttention";
+    require(heads > 0, where, "heads", heads, "at least 1");
+    require(embed_dim > 0 && embed_dim % heads == 0, where, "embed_dim", embed_dim,
+            "a positive multiple of heads = " + std::to_string(heads));
+    require(embed_dim / heads <= attention_max_head_dim, where, "embed_dim / heads", embed_dim / heads,
+            "a head dim of at most " + std::to_string(attention_max_head_dim));
+    require(options.layer_norm_eps > 0 && std::isfinite(options.layer_norm_eps), where, "options.layer_norm_eps",
+            options.layer_norm_eps, "a positive finite number");
+    require(options.gamma_init > 0 && std::isfinite(options.gamma_init), where, "options.gamma_init",
+            options.gamma_init, "a positive finite number");
+    if (spec_.kind == AttentionSpec::Kind::dilated) validate_dilated_config(spec_.dilated, heads, where);
+    const ExecSpace exec;
+    parameters_ = allocate_workspace<Flat>(exec, "longattn::MultiheadAttention::parameters", parameter_count());
+    gradients_ = allocate_workspace<Flat>(exec, "longattn::MultiheadAttention::gradients", parameter_count());
+    weights_ = carve(parameters_);
+    weight_gradients_ = carve(gradients_);
+    initialize_parameters();
+    zero_gradients();
+  }
+
+  MultiheadAttention(const MultiheadAttention&) = delete;  // parameters are owned, not shared
+  MultiheadAttention& operator=(const MultiheadAttention&) = delete;
+  MultiheadAttention(MultiheadAttention&&) = default;
+  MultiheadAttention& operator=(MultiheadAttention&&) = default;
+
+  int embed_dim() const { return embed_dim_; }
+  int heads() const { return heads_; }
+  int head_dim() const { return embed_dim_ / heads_; }
+  const AttentionSpec& attention() const { return spec_; }
+  const MultiheadAttentionOptions& options() const { return options_; }
+
+  std::size_t parameter_count() const {
+    const std::size_t E = embed_dim_;
+    return 4 * E * E + 4 * E + (options_.sub_layer_norm ? 2 * E : 0);
+  }
+  Flat parameters() const { return parameters_; }
+  Flat gradients() const { return gradients_; }
+  const Tensors& weights() const { return weights_; }
+  const Tensors& weight_gradients() const { return weight_gradients_; }
+
+  void zero_gradients() { Kokkos::deep_copy(ExecSpace(), gradients_, T(0)); }
+
+  // Bytes forward() keeps for backward() plus backward()'s own buffers, for B sequences of N tokens.
+  std::size_t activation_bytes(int batch, std::int64_t tokens) const {
+    const std::size_t rows = std::size_t(batch) * tokens, E = embed_dim_;
+    const std::size_t layer_norm = options_.sub_layer_norm ? 2 * rows * E + 2 * rows : 0;
+    return sizeof(T) * (3 * rows * E + rows * E + rows * heads_ + layer_norm  // forward
+                        + rows * E + 3 * rows * E + rows);                    // backward
+  }
+
+  void forward(const ConstTokens& x, const Tokens& y) {
+    const char* where = "longattn::MultiheadAttention::forward";
+    check_tokens(where, "x", x, x.extent(0), x.extent(1));
+    check_tokens(where, "y", y, x.extent(0), x.extent(1));
+    detail::check_no_alias(where, "y", y, "x", x);
+    const ExecSpace exec;
+    reserve(exec, int(x.extent(0)), std::int64_t(x.extent(1)));
+    x_ = x;
+    const auto x_rows = rows_of(x);
+    // Q, K, V = x W_i^T + b_i: the bias broadcast into the output, then gemm with beta = 1.
+    for (int i = 0; i < 3; ++i) {
+      broadcast_rows(exec, slice(weights_.b_qkv, i), matrix(qkv_, i));
+      gemm("N", "T", T(1), x_rows, rows_block(weights_.w_qkv, i), T(1), matrix(qkv_, i));
+    }
+    run_attention_forward(exec, spec_, heads_view(qkv_, 0), heads_view(qkv_, 1), heads_view(qkv_, 2),
+                          heads_view(attention_out_), lse_, attention_options());
+    if (options_.sub_layer_norm)
+      layer_norm_forward(exec, matrix(attention_out_), weights_.ln_gamma, weights_.ln_beta, options_.layer_norm_eps,
+                         matrix(normalized_), mean_, rstd_);
+    broadcast_rows(exec, weights_.b_out, rows_of(y));
+    gemm("N", "T", T(1), projection_input(), weights_.w_out, T(1), rows_of(y));
+  }
+
+  void backward(const ConstTokens& dy, const Tokens& dx) {
+    const char* where = "longattn::MultiheadAttention::backward";
+    require(x_.size() > 0, where, "this", "a module without a forward pass", "forward() before backward()");
+    check_tokens(where, "dy", dy, x_.extent(0), x_.extent(1));
+    check_tokens(where, "dx", dx, x_.extent(0), x_.extent(1));
+    detail::check_no_alias(where, "dx", dx, "dy", dy);
+    detail::check_no_alias(where, "dx", dx, "x (of the forward pass)", x_);
+    const ExecSpace exec;
+    const auto dy_rows = rows_of(dy);
+    const auto x_rows = rows_of(x_);
+    const Tensors& grad = weight_gradients_;
+    // Output projection: db_out += colsum(dy), dW_out += dy^T Z, dZ = dy W_out.
+    KokkosBlas::gemv("T", T(1), dy_rows, ones_, T(1), grad.b_out);
+    gemm("T", "N", T(1), dy_rows, projection_input(), T(1), grad.w_out);
+    gemm("N", "N", T(1), dy_rows, weights_.w_out, T(0), matrix(d_projection_));
+    if (options_.sub_layer_norm)
+      layer_norm_backward(exec, matrix(d_projection_), matrix(attention_out_), weights_.ln_gamma, mean_, rstd_,
+                          matrix(d_attention_), grad.ln_gamma, grad.ln_beta);
+    const auto& d_attention = options_.sub_layer_norm ? d_attention_ : d_projection_;
+    run_attention_backward(exec, spec_, heads_view(qkv_, 0), heads_view(qkv_, 1), heads_view(qkv_, 2),
+                           heads_view(attention_out_), heads_view(d_attention), lse_, heads_view(d_qkv_, 0),
+                           heads_view(d_qkv_, 1), heads_view(d_qkv_, 2), attention_options());
+    // Projections: db_i += colsum(dQ_i), dW_i += dQ_i^T x, dx = sum_i dQ_i W_i.
+    for (int i = 0; i < 3; ++i) {
+      KokkosBlas::gemv("T", T(1), matrix(d_qkv_, i), ones_, T(1), slice(grad.b_qkv, i));
+      gemm("T", "N", T(1), matrix(d_qkv_, i), x_rows, T(1), rows_block(grad.w_qkv, i));
+      gemm("N", "N", T(1), matrix(d_qkv_, i), rows_block(weights_.w_qkv, i), T(i == 0 ? 0 : 1), rows_of(dx));
+    }
+  }
+
+ private:
+  using Activations = Kokkos::View<T**, Kokkos::LayoutRight, memory_space>;        // [rows, E]
+  using Projections = Kokkos::View<T***, Kokkos::LayoutRight, memory_space>;       // [3, rows, E]
+  using RowValues = Kokkos::View<T*, memory_space>;                                // [rows]
+  using Heads = Kokkos::View<T****, Kokkos::LayoutRight, memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+
+  template <class View>
+  void check_tokens(const char* where, const char* name, const View& view, std::size_t batch, std::size_t tokens) const {
+    const std::int64_t expected[3] = {std::int64_t(batch), std::int64_t(tokens), embed_dim_};
+    require(view.extent(0) > 0 && view.extent(1) > 0, where, std::string(name) + "'s extents",
+            detail::extents_of(view), "[batch >= 1, tokens >= 1, embed_dim]");
+    detail::check_extents(where, name, view, expected, "[batch, tokens, embed_dim]");
+  }
+
+  Tensors carve(const Flat& flat) const {
+    const std::size_t E = embed_dim_;
+    T* p = flat.data();
+    Tensors t;
+    t.w_qkv = Matrix(p, 3 * E, E), p += 3 * E * E;
+    t.b_qkv = Vector(p, 3 * E), p += 3 * E;
+    t.w_out = Matrix(p, E, E), p += E * E;
+    t.b_out = Vector(p, E), p += E;
+    if (options_.sub_layer_norm) {
+      t.ln_gamma = Vector(p, E), p += E;
+      t.ln_beta = Vector(p, E);
+    }
+    return t;
+  }
+
+  // MAGNETO: Xavier-normal std = gain * sqrt(2 / (fan_in + fan_out)) = gain / sqrt(E).
+  void initialize_parameters() {
+    const auto host = Kokkos::create_mirror_view(parameters_);
+    const std::size_t E = embed_dim_;
+    std::mt19937_64 rng(options_.seed);
+    std::normal_distribution<double> normal(0.0, 1.0 / std::sqrt(double(E)));
+    T* p = host.data();
+    for (std::size_t i = 0; i < 3 * E * E; ++i) *p++ = T(normal(rng) * (i < 2 * E * E ? 1.0 : options_.gamma_init));
+    for (std::size_t i = 0; i < 3 * E; ++i) *p++ = T(0);
+    for (std::size_t i = 0; i < E * E; ++i) *p++ = T(normal(rng) * options_.gamma_init);
+    for (std::size_t i = 0; i < E; ++i) *p++ = T(0);
+    if (options_.sub_layer_norm) {
+      for (std::size_t i = 0; i < E; ++i) *p++ = T(1);
+      for (std::size_t i = 0; i < E; ++i) *p++ = T(0);
+    }
+    Kokkos::deep_copy(parameters_, host);
+  }
+
+  // (Re)allocates the activations for B sequences of N tokens.
+  void reserve(const ExecSpace& exec, int batch, std::int64_t tokens) {
+    if (batch == batch_ && tokens == tokens_) return;
+    batch_ = batch;
+    tokens_ = tokens;
+    const std::size_t rows = std::size_t(batch) * tokens, E = embed_dim_;
+    const std::string label = "longattn::MultiheadAttention::";
+    qkv_ = allocate_workspace<Projections>(exec, label + "qkv", 3, rows, E);
+    attention_out_ = allocate_workspace<Activations>(exec, label + "attention", rows, E);
+    lse_ = allocate_workspace<Kokkos::View<T***, memory_space>>(exec, label + "lse", batch, heads_, tokens);
+    d_projection_ = allocate_workspace<Activations>(exec, label + "d_projection", rows, E);
+    d_qkv_ = allocate_workspace<Projections>(exec, label + "d_qkv", 3, rows, E);
+    ones_ = allocate_workspace<RowValues>(exec, label + "ones", rows);
+    Kokkos::deep_copy(exec, ones_, T(1));
+    if (options_.sub_layer_norm) {
+      normalized_ = allocate_workspace<Activations>(exec, label + "normalized", rows, E);
+      d_attention_ = allocate_workspace<Activations>(exec, label + "d_attention", rows, E);
+      mean_ = allocate_workspace<RowValues>(exec, label + "mean", rows);
+      rstd_ = allocate_workspace<RowValues>(exec, label + "rstd", rows);
+    }
+  }
+
+  AttentionOptions attention_options() const {
+    AttentionOptions opts;
+    opts.causal = options_.causal;
+    return opts;
+  }
+
+  Matrix projection_input() const { return matrix(options_.sub_layer_norm ? normalized_ : attention_out_); }
+
+  // Views of the same memory in the shapes the steps need.
+  template <class View>
+  static auto rows_of(const View& tokens) {
+    using Rows = Kokkos::View<typename View::value_type**, Kokkos::LayoutRight, memory_space,
+                              Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+    return Rows(tokens.data(), tokens.extent(0) * tokens.extent(1), tokens.extent(2));
+  }
+  static Matrix matrix(const Activations& a) { return Matrix(a.data(), a.extent(0), a.extent(1)); }
+  static Matrix matrix(const Projections& p, int i) {
+    return Matrix(p.data() + i * p.extent(1) * p.extent(2), p.extent(1), p.extent(2));
+  }
+  static Matrix rows_block(const Matrix& w, int i) {
+    const std::size_t E = w.extent(1);
+    return Matrix(w.data() + i * E * E, E, E);
+  }
+  static Vector slice(const Vector& b, int i) {
+    const std::size_t E = b.extent(0) / 3;
+    return Vector(b.data() + i * E, E);
+  }
+  Heads heads_view(T* data) const { return Heads(data, batch_, tokens_, heads_, head_dim()); }
+  Heads heads_view(const Activations& a) const { return heads_view(a.data()); }
+  Heads heads_view(const Projections& p, int i) const { return heads_view(p.data() + i * p.extent(1) * p.extent(2)); }
+
+  // out[r][e] = bias[e] for every row.
+  static void broadcast_rows(const ExecSpace& exec, const Vector& bias, const Matrix& out) {
+    const std::int64_t cols = out.extent(1);
+    Kokkos::parallel_for(
+        "longattn::MultiheadAttention::broadcast_bias",
+        Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(exec, 0, std::int64_t(out.extent(0)) * cols),
+        KOKKOS_LAMBDA(std::int64_t i) { out(i / cols, i % cols) = bias(i % cols); });
+  }
+
+  int embed_dim_, heads_;
+  MultiheadAttentionOptions options_;
+  AttentionSpec spec_;
+  Flat parameters_, gradients_;
+  Tensors weights_, weight_gradients_;
+
+  int batch_ = 0;
+  std::int64_t tokens_ = 0;
+  ConstTokens x_;
+  Projections qkv_, d_qkv_;
+  Activations attention_out_, normalized_, d_projection_, d_attention_;
+  Kokkos::View<T***, memory_space> lse_;
+  RowValues mean_, rstd_, ones_;
+};
+
+// The factory: a module running the attention `spec` names ("dense", "dilated:w=...;r=...",
+// "auto"); the other options as given.
+template <class ExecSpace, class T = float>
+MultiheadAttention<ExecSpace, T> make_multihead_attention(const std::string& spec, int embed_dim, int heads,
+                                                          MultiheadAttentionOptions options = {}) {
+  options.attention = spec;
+  return MultiheadAttention<ExecSpace, T>(embed_dim, heads, options);
+}
+
+}  // namespace longattn

@@ -1,0 +1,318 @@
+// MultiheadAttention: forward against a naive double composition (projections, the reference
+// attention of the spec, LayerNorm, output projection), backward by central finite differences
+// of every parameter and input, gradient accumulation, MAGNETO initialization, the spec parser
+// and the factory, and bad input.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "execution_spaces.hpp"
+#include "longattn/core/attention_spec.hpp"
+#include "longattn/core/multihead_attention.hpp"
+#include "reference/attention.hpp"
+#include "reference/dilated.hpp"
+#include "reference/random.hpp"
+#include "reference/tensors.hpp"
+
+namespace {
+
+using longattn::test::HostRows;
+using longattn::test::HostTensor;
+
+using Host3 = Kokkos::View<double***, Kokkos::LayoutRight, Kokkos::HostSpace>;
+
+Host3 random_tokens(int B, int N, int E, std::mt19937_64& rng) {
+  Host3 x("x", B, N, E);
+  std::uniform_real_distribution<double> uniform(-1.0, 1.0);
+  for (std::size_t i = 0; i < x.span(); ++i) x.data()[i] = uniform(rng);
+  return x;
+}
+
+template <class T, class Memory>
+Kokkos::View<T***, Kokkos::LayoutRight, Memory> to_device3(const Host3& host) {
+  Kokkos::View<T***, Kokkos::LayoutRight, Memory> device("tokens", host.extent(0), host.extent(1), host.extent(2));
+  auto mirror = Kokkos::create_mirror_view(device);
+  for (std::size_t i = 0; i < host.span(); ++i) mirror.data()[i] = T(host.data()[i]);
+  Kokkos::deep_copy(device, mirror);
+  return device;
+}
+
+template <class View>
+std::vector<double> to_vector(const View& view) {
+  auto mirror = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), view);
+  return std::vector<double>(mirror.data(), mirror.data() + mirror.span());
+}
+
+// y of the module with parameters `p` (the flat layout of MultiheadAttention) on x, in double,
+// step by step from the layer's definition.
+Host3 reference_module_forward(const Host3& x, const std::vector<double>& p, int H,
+                               const longattn::MultiheadAttentionOptions& options) {
+  const int B = x.extent(0), N = x.extent(1), E = x.extent(2), D = E / H;
+  const double* w_qkv = p.data();
+  const double* b_qkv = w_qkv + 3 * E * E;
+  const double* w_out = b_qkv + 3 * E;
+  const double* b_out = w_out + E * E;
+  const double* gamma = b_out + E;
+  const double* beta = gamma + E;
+  HostTensor qkv[3] = {HostTensor("q", B, N, H, D), HostTensor("k", B, N, H, D), HostTensor("v", B, N, H, D)};
+  for (int i = 0; i < 3; ++i)
+    for (int b = 0; b < B; ++b)
+      for (int n = 0; n < N; ++n)
+        for (int f = 0; f < E; ++f) {
+          double sum = b_qkv[i * E + f];
+          for (int e = 0; e < E; ++e) sum += x(b, n, e) * w_qkv[(i * E + f) * E + e];
+          qkv[i](b, n, f / D, f % D) = sum;
+        }
+  HostTensor a("a", B, N, H, D);
+  HostRows lse("lse", B, H, N);
+  const longattn::AttentionSpec spec =
+      longattn::resolve_attention_spec(longattn::parse_attention_spec(options.attention), N);
+  if (spec.kind == longattn::AttentionSpec::Kind::dilated)
+    longattn::test::reference_dilated_forward(
+        qkv[0], qkv[1], qkv[2], a, lse,
+        {spec.dilated.segment_lengths, spec.dilated.dilation_rates,
+         spec.dilated.mode == longattn::DilatedMode::head_groups, options.causal});
+  else
+    longattn::test::reference_attention_forward(qkv[0], qkv[1], qkv[2], a, lse, {0.0, options.causal, 0, 0});
+  Host3 y("y", B, N, E);
+  std::vector<double> z(E);
+  for (int b = 0; b < B; ++b)
+    for (int n = 0; n < N; ++n) {
+      for (int e = 0; e < E; ++e) z[e] = a(b, n, e / D, e % D);
+      if (options.sub_layer_norm) {
+        double mean = 0, var = 0;
+        for (double v : z) mean += v / E;
+        for (double v : z) var += (v - mean) * (v - mean) / E;
+        for (int e = 0; e < E; ++e) z[e] = (z[e] - mean) / std::sqrt(var + options.layer_norm_eps) * gamma[e] + beta[e];
+      }
+      for (int f = 0; f < E; ++f) {
+        double sum = b_out[f];
+        for (int e = 0; e < E; ++e) sum += z[e] * w_out[f * E + e];
+        y(b, n, f) = sum;
+      }
+    }
+  return y;
+}
+
+longattn::MultiheadAttentionOptions module_options(const std::string& spec, bool causal, bool layer_norm) {
+  longattn::MultiheadAttentionOptions options;
+  options.attention = spec;
+  options.causal = causal;
+  options.sub_layer_norm = layer_norm;
+  options.gamma_init = 0.8;
+  options.seed = longattn::test::test_seed();
+  return options;
+}
+
+const char* specs[] = {"dense", "dilated:w=8,16;r=1,2", "dilated:w=6,12,24;r=1,2,4;mode=head_groups", "auto"};
+
+}  // namespace
+
+TEMPLATE_LIST_TEST_CASE("MultiheadAttention forward matches the layer computed naively in double",
+                        "[core][module]", longattn::test::ExecutionSpaces) {
+  using Memory = typename TestType::memory_space;
+  std::mt19937_64 rng(longattn::test::test_seed());
+  const int B = 2, N = 29, E = 12, H = 3;
+  for (const char* spec : specs)
+    for (bool causal : {false, true})
+      for (bool layer_norm : {true, false}) {
+        INFO(spec << (causal ? " causal" : "") << (layer_norm ? " sub-LayerNorm" : "") << ", seed "
+                  << longattn::test::test_seed());
+        const auto options = module_options(spec, causal, layer_norm);
+        const Host3 x = random_tokens(B, N, E, rng);
+        longattn::MultiheadAttention<TestType, double> module(E, H, options);
+        Kokkos::View<double***, Kokkos::LayoutRight, Memory> y("y", B, N, E);
+        module.forward(to_device3<double, Memory>(x), y);
+        const Host3 y_ref = reference_module_forward(x, to_vector(module.parameters()), H, options);
+        const std::vector<double> y_kernel = to_vector(y);
+        double worst = 0;
+        for (std::size_t i = 0; i < y_ref.span(); ++i) worst = std::max(worst, std::abs(y_kernel[i] - y_ref.data()[i]));
+        CHECK(worst < 1e-12);
+
+        // float storage and arithmetic against the same double reference.
+        longattn::MultiheadAttention<TestType, float> module_f(E, H, options);
+        Kokkos::View<float***, Kokkos::LayoutRight, Memory> y_f("y", B, N, E);
+        module_f.forward(to_device3<float, Memory>(x), y_f);
+        const Host3 y_ref_f = reference_module_forward(x, to_vector(module_f.parameters()), H, options);
+        const std::vector<double> y_kernel_f = to_vector(y_f);
+        double worst_f = 0;
+        for (std::size_t i = 0; i < y_ref_f.span(); ++i)
+          worst_f = std::max(worst_f, std::abs(y_kernel_f[i] - y_ref_f.data()[i]));
+        CHECK(worst_f < 1e-4);
+      }
+}
+
+TEMPLATE_LIST_TEST_CASE("MultiheadAttention backward matches central finite differences", "[core][module]",
+                        longattn::test::ExecutionSpaces) {
+  using Memory = typename TestType::memory_space;
+  using Tokens = Kokkos::View<double***, Kokkos::LayoutRight, Memory>;
+  std::mt19937_64 rng(longattn::test::test_seed());
+  const int B = 2, N = 11, E = 8, H = 2;
+  for (const char* spec : {"dense", "dilated:w=4,8;r=1,2", "dilated:w=4,8;r=1,2;mode=head_groups"})
+    for (bool causal : {false, true})
+      for (bool layer_norm : {true, false}) {
+        INFO(spec << (causal ? " causal" : "") << (layer_norm ? " sub-LayerNorm" : "") << ", seed "
+                  << longattn::test::test_seed());
+        longattn::MultiheadAttention<TestType, double> module(E, H, module_options(spec, causal, layer_norm));
+        // Non-zero biases and LayerNorm parameters, so that their gradients' paths are exercised.
+        auto parameters = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), module.parameters());
+        std::uniform_real_distribution<double> uniform(-0.5, 0.5);
+        for (std::size_t i = 3 * E * E; i < parameters.span(); ++i) parameters(i) += uniform(rng);
+        Kokkos::deep_copy(module.parameters(), parameters);
+
+        const Host3 r = random_tokens(B, N, E, rng);  // loss = sum(y * r), so dy = r
+        Tokens x = to_device3<double, Memory>(random_tokens(B, N, E, rng)), y("y", B, N, E), dx("dx", B, N, E);
+        module.forward(x, y);
+        module.backward(to_device3<double, Memory>(r), dx);
+        const std::vector<double> dx_analytic = to_vector(dx), dp_analytic = to_vector(module.gradients());
+
+        auto loss = [&] {
+          module.forward(x, y);
+          const std::vector<double> out = to_vector(y);
+          double sum = 0;
+          for (std::size_t i = 0; i < out.size(); ++i) sum += out[i] * r.data()[i];
+          return sum;
+        };
+        // Central differences of loss() in each element of a device view, against `analytic`.
+        auto worst_error = [&](auto view, const std::vector<double>& analytic) {
+          auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), view);
+          double worst = 0;
+          const double h = 1e-6;
+          for (std::size_t i = 0; i < host.span(); ++i) {
+            const double saved = host.data()[i];
+            host.data()[i] = saved + h;
+            Kokkos::deep_copy(view, host);
+            const double up = loss();
+            host.data()[i] = saved - h;
+            Kokkos::deep_copy(view, host);
+            const double down = loss();
+            host.data()[i] = saved;
+            Kokkos::deep_copy(view, host);
+            worst = std::max(worst, std::abs((up - down) / (2 * h) - analytic[i]));
+          }
+          return worst;
+        };
+        const double dx_error = worst_error(x, dx_analytic), dp_error = worst_error(module.parameters(), dp_analytic);
+        INFO("largest |finite difference - analytic|: dx " << dx_error << ", parameters " << dp_error);
+        CHECK(dx_error < 1e-7);
+        CHECK(dp_error < 1e-7);
+      }
+}
+
+TEMPLATE_LIST_TEST_CASE("MultiheadAttention accumulates parameter gradients until zero_gradients",
+                        "[core][module]", longattn::test::ExecutionSpaces) {
+  using Memory = typename TestType::memory_space;
+  using Tokens = Kokkos::View<float***, Kokkos::LayoutRight, Memory>;
+  std::mt19937_64 rng(longattn::test::test_seed());
+  const int B = 1, N = 70, E = 16, H = 2;
+  auto module = longattn::make_multihead_attention<TestType, float>("dilated:w=32,64;r=1,2", E, H);
+  CHECK(longattn::to_string(module.attention()) == "dilated:w=32,64;r=1,2");
+  Tokens x = to_device3<float, Memory>(random_tokens(B, N, E, rng)), y("y", B, N, E), dx("dx", B, N, E);
+  Tokens dy = to_device3<float, Memory>(random_tokens(B, N, E, rng));
+  module.forward(x, y);
+  module.backward(dy, dx);
+  const std::vector<double> once = to_vector(module.gradients());
+  module.backward(dy, dx);
+  const std::vector<double> twice = to_vector(module.gradients());
+  double worst = 0, largest = 0;
+  for (std::size_t i = 0; i < once.size(); ++i) {
+    worst = std::max(worst, std::abs(twice[i] - 2 * once[i]));
+    largest = std::max(largest, std::abs(once[i]));
+  }
+  CHECK(largest > 0);
+  CHECK(worst <= 1e-5 * largest);
+  module.zero_gradients();
+  for (double g : to_vector(module.gradients())) REQUIRE(g == 0);
+}
+
+TEST_CASE("MultiheadAttention initializes as MAGNETO, reproducibly from its seed", "[core][module]") {
+  using Host = Kokkos::DefaultHostExecutionSpace;
+  const int E = 256, H = 4;
+  longattn::MultiheadAttentionOptions options;
+  options.gamma_init = 2.0;
+  options.seed = 1234;
+  longattn::MultiheadAttention<Host, double> module(E, H, options), same(E, H, options);
+  CHECK(module.parameter_count() == std::size_t(4 * E * E + 6 * E));
+  CHECK(to_vector(module.parameters()) == to_vector(same.parameters()));
+  // Sample standard deviation of each projection: gain / sqrt(E) (65,536 samples: within 2%).
+  auto stddev = [](const double* p, std::size_t n) {
+    double sum = 0, squares = 0;
+    for (std::size_t i = 0; i < n; ++i) sum += p[i], squares += p[i] * p[i];
+    return std::sqrt(squares / n - (sum / n) * (sum / n));
+  };
+  const auto w = module.weights();
+  const double unit = 1.0 / std::sqrt(double(E));
+  CHECK(stddev(w.w_qkv.data(), E * E) == Approx(unit).epsilon(0.02));              // W_q
+  CHECK(stddev(w.w_qkv.data() + E * E, E * E) == Approx(unit).epsilon(0.02));      // W_k
+  CHECK(stddev(w.w_qkv.data() + 2 * E * E, E * E) == Approx(2 * unit).epsilon(0.02));  // W_v
+  CHECK(stddev(w.w_out.data(), E * E) == Approx(2 * unit).epsilon(0.02));
+  for (int e = 0; e < 3 * E; ++e) REQUIRE(w.b_qkv(e) == 0);
+  for (int e = 0; e < E; ++e) REQUIRE((w.b_out(e) == 0 && w.ln_gamma(e) == 1 && w.ln_beta(e) == 0));
+  options.sub_layer_norm = false;
+  CHECK(longattn::MultiheadAttention<Host, double>(E, H, options).parameter_count() == std::size_t(4 * E * E + 4 * E));
+}
+
+TEST_CASE("attention specs parse, print and resolve; bad specs throw a longattn::Error", "[core][module][errors]") {
+  using longattn::parse_attention_spec;
+  using Kind = longattn::AttentionSpec::Kind;
+  CHECK(parse_attention_spec("dense").kind == Kind::dense);
+  CHECK(parse_attention_spec(" auto ").kind == Kind::automatic);
+  const auto dilated = parse_attention_spec("dilated:w=2048,4096,8192;r=1,2,4");
+  CHECK(dilated.kind == Kind::dilated);
+  CHECK(dilated.dilated.segment_lengths == std::vector<std::int64_t>{2048, 4096, 8192});
+  CHECK(dilated.dilated.dilation_rates == std::vector<std::int64_t>{1, 2, 4});
+  CHECK(dilated.dilated.mode == longattn::DilatedMode::longnet);
+  const std::string groups = "dilated:w=16,32;r=2,4;mode=head_groups";
+  CHECK(longattn::to_string(parse_attention_spec(groups)) == groups);
+  CHECK(parse_attention_spec("dilated: r=1 ; w=8 ; mode=longnet").dilated.segment_lengths[0] == 8);
+
+  // auto: dense up to 8192 tokens, then LongNet's geometric configuration up to a segment >= N.
+  const auto automatic = parse_attention_spec("auto");
+  CHECK(longattn::resolve_attention_spec(automatic, 8192).kind == Kind::dense);
+  const auto long_sequence = longattn::resolve_attention_spec(automatic, 20000);
+  CHECK(long_sequence.kind == Kind::dilated);
+  CHECK(long_sequence.dilated.segment_lengths == std::vector<std::int64_t>{2048, 4096, 8192, 16384, 32768});
+  CHECK(long_sequence.dilated.dilation_rates == std::vector<std::int64_t>{1, 2, 4, 8, 16});
+
+  CHECK_THROWS_WITH(parse_attention_spec("sparse"),
+                    Catch::Contains("argument 'spec' is \"sparse\", expected dense, auto, or dilated:"));
+  CHECK_THROWS_WITH(parse_attention_spec("block_sparse:pattern=local"),
+                    Catch::Contains("block_sparse arrives with block-sparse attention"));
+  CHECK_THROWS_WITH(parse_attention_spec("dilated:w=8,16"), Catch::Contains("both w= and r= are needed"));
+  CHECK_THROWS_WITH(parse_attention_spec("dilated:w=8,x;r=1,2"), Catch::Contains("(\"x\" is not one)"));
+  CHECK_THROWS_WITH(parse_attention_spec("dilated:w=8;r=1;mode=fast"),
+                    Catch::Contains("(\"mode=fast\" is not one of its fields, or repeats one)"));
+  CHECK_THROWS_WITH(parse_attention_spec("dilated:w=8;w=8;r=1"), Catch::Contains("\"w=8\" is not one of its fields, or repeats one"));
+  CHECK_THROWS_WITH(parse_attention_spec("dilated:w=8;r=3"),
+                    Catch::Contains("'config.dilation_rates[0]' is 3, expected a divisor of config.segment_lengths[0] = 8"));
+  CHECK_THROWS_WITH(parse_attention_spec("dilated:w=8,16;r=1"), Catch::Contains("'config.dilation_rates.size()' is 1"));
+}
+
+TEST_CASE("MultiheadAttention rejects bad input with a longattn::Error", "[core][module][errors]") {
+  using Host = Kokkos::DefaultHostExecutionSpace;
+  using Module = longattn::MultiheadAttention<Host, float>;
+  using Tokens = Module::Tokens;
+  CHECK_THROWS_WITH(Module(10, 3), Catch::Contains("'embed_dim' is 10, expected a positive multiple of heads = 3"));
+  CHECK_THROWS_WITH(Module(8, 0), Catch::Contains("'heads' is 0, expected at least 1"));
+  CHECK_THROWS_WITH(Module(1024, 2), Catch::Contains("'embed_dim / heads' is 512, expected a head dim of at most 256"));
+  CHECK_THROWS_WITH(longattn::make_multihead_attention<Host>("dilated:w=8,16,32;r=1,2,4;mode=head_groups", 8, 2),
+                    Catch::Contains("'heads' is 2, expected at least 3 (one per configuration in head_groups mode)"));
+  longattn::MultiheadAttentionOptions bad_eps;
+  bad_eps.layer_norm_eps = 0;
+  CHECK_THROWS_WITH(Module(8, 2, bad_eps), Catch::Contains("'options.layer_norm_eps' is 0"));
+
+  Module module(8, 2);
+  Tokens x("x", 2, 5, 8), y("y", 2, 5, 8), dx("dx", 2, 5, 8);
+  CHECK_THROWS_WITH(module.backward(y, dx), Catch::Contains("expected forward() before backward()"));
+  CHECK_THROWS_WITH(module.forward(Tokens("x", 2, 5, 6), y), Catch::Contains("'x's extents' is [2, 5, 6], expected [2, 5, 8]"));
+  CHECK_THROWS_WITH(module.forward(x, Tokens("y", 2, 4, 8)), Catch::Contains("'y's extents' is [2, 4, 8], expected [2, 5, 8]"));
+  CHECK_THROWS_WITH(module.forward(Tokens("x", 2, 0, 8), Tokens("y", 2, 0, 8)), Catch::Contains("'x's extents' is [2, 0, 8]"));
+  CHECK_THROWS_WITH(module.forward(x, x), Catch::Contains("argument 'y' is overlapping x"));
+  module.forward(x, y);
+  CHECK_THROWS_WITH(module.backward(Tokens("dy", 1, 5, 8), dx), Catch::Contains("'dy's extents' is [1, 5, 8], expected [2, 5, 8]"));
+  CHECK_THROWS_WITH(module.backward(y, x), Catch::Contains("argument 'dx' is overlapping x (of the forward pass)"));
+  CHECK_NOTHROW(module.backward(y, dx));
+}
