@@ -1,6 +1,8 @@
 // The fused attention kernels on this machine: forward and forward + backward GFLOP/s for B = 1,
-// H = 8, D = 64 and 128, N = 1K..16K, causal and not, fp32, on all cores of the default host
-// execution space; and the peak extra memory of forward + backward for N = 4K, 16K, 64K.
+// H = 8, D = 64 and 128, N = 1K..16K (and 32K at D = 64), causal and not, fp32, on all cores of
+// the default host execution space; the peak extra memory of forward + backward for N = 4K,
+// 16K, 64K; and dilated attention (LongNet, w = 2048,4096,8192, r = 1,2,4, both modes) for
+// N = 8K..256K: tokens/s, time per token, GFLOP/s of the scores it computes.
 //
 // FLOPs counted (the convention of FlashAttention and of the issue): forward 4 B H Nq Nk D
 // (two products of 2 B H Nq Nk D), backward 2.5x that, both halved when causal. The kernels'
@@ -18,6 +20,7 @@
 #include <string>
 
 #include "longattn/core/attention.hpp"
+#include "longattn/core/dilated_attention.hpp"
 #include "longattn/core/ceilings.hpp"
 #include "longattn/core/runtime.hpp"
 
@@ -52,7 +55,7 @@ double forward_flops(int batch, int tokens, int heads, int head_dim, bool causal
 
 void set_counters(benchmark::State& state, double flops, double bytes, double seconds) {
   state.counters["FLOP/s"] = benchmark::Counter(flops, benchmark::Counter::kIsRate);
-  state.counters["bytes/s"] = benchmark::Counter(bytes, benchmark::Counter::kIsRate);
+  if (bytes > 0) state.counters["bytes/s"] = benchmark::Counter(bytes, benchmark::Counter::kIsRate);
   state.counters["fraction_of_peak"] = flops / seconds * 1e-9 / fma_peak_gflops_all_cores;
   state.counters["threads"] = Exec().concurrency();
 }
@@ -144,6 +147,55 @@ void BM_AttentionMemory(benchmark::State& state) {
   state.counters["tensor_bytes"] = (8.0 * N * H * D + H * N) * sizeof(float);
 }
 
+// Dilated attention. Args: {N, mode (0 longnet, 1 head_groups), causal}; B = 1, H = 8, D = 64.
+// FLOPs: 4 D per computed score forward (dilated_attention_scores), 3.5x that with backward.
+longattn::DilatedConfig dilated_config(const benchmark::State& state) {
+  return {{2048, 4096, 8192}, {1, 2, 4}, state.range(1) ? longattn::DilatedMode::head_groups : longattn::DilatedMode::longnet};
+}
+
+void set_dilated_counters(benchmark::State& state, double flops_per_step, double seconds) {
+  const double n = state.iterations(), tokens = double(state.range(0));
+  set_counters(state, n * flops_per_step, 0, seconds);  // bytes: not reported
+  state.counters["tokens/s"] = benchmark::Counter(n * tokens, benchmark::Counter::kIsRate);
+  state.counters["ns_per_token"] = seconds / n / tokens * 1e9;
+}
+
+void BM_DilatedForward(benchmark::State& state) {
+  const int N = int(state.range(0)), H = 8, D = 64;
+  const longattn::DilatedConfig config = dilated_config(state);
+  longattn::AttentionOptions opts;
+  opts.causal = state.range(2) != 0;
+  Problem p(1, N, H, D);
+  longattn::dilated_attention_forward(Exec(), p.q, p.k, p.v, p.o, p.lse, config, opts);
+  Kokkos::fence();
+  Kokkos::Timer timer;
+  for (auto _ : state) {
+    longattn::dilated_attention_forward(Exec(), p.q, p.k, p.v, p.o, p.lse, config, opts);
+    Kokkos::fence();
+  }
+  set_dilated_counters(state, 4.0 * D * longattn::dilated_attention_scores(N, H, config, opts.causal),
+                       timer.seconds());
+}
+
+void BM_DilatedForwardBackward(benchmark::State& state) {
+  const int N = int(state.range(0)), H = 8, D = 64;
+  const longattn::DilatedConfig config = dilated_config(state);
+  longattn::AttentionOptions opts;
+  opts.causal = state.range(2) != 0;
+  Problem p(1, N, H, D);
+  longattn::dilated_attention_forward(Exec(), p.q, p.k, p.v, p.o, p.lse, config, opts);
+  longattn::dilated_attention_backward(Exec(), p.q, p.k, p.v, p.o, p.d_o, p.lse, p.dq, p.dk, p.dv, config, opts);
+  Kokkos::fence();
+  Kokkos::Timer timer;
+  for (auto _ : state) {
+    longattn::dilated_attention_forward(Exec(), p.q, p.k, p.v, p.o, p.lse, config, opts);
+    longattn::dilated_attention_backward(Exec(), p.q, p.k, p.v, p.o, p.d_o, p.lse, p.dq, p.dk, p.dv, config, opts);
+    Kokkos::fence();
+  }
+  set_dilated_counters(state, 3.5 * 4.0 * D * longattn::dilated_attention_scores(N, H, config, opts.causal),
+                       timer.seconds());
+}
+
 }  // namespace
 
 BENCHMARK(BM_AttentionForward)
@@ -151,6 +203,15 @@ BENCHMARK(BM_AttentionForward)
     ->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_AttentionForwardBackward)
     ->ArgsProduct({{1024, 2048, 4096, 8192, 16384}, {64, 128}, {0, 1}})
+    ->UseRealTime()->Unit(benchmark::kMillisecond);
+// Dense at 32K: the baseline dilated attention is compared with in the same run.
+BENCHMARK(BM_AttentionForward)->Args({32768, 64, 0})->Iterations(1)->UseRealTime()->Unit(benchmark::kSecond);
+BENCHMARK(BM_AttentionForwardBackward)->Args({32768, 64, 0})->Iterations(1)->UseRealTime()->Unit(benchmark::kSecond);
+BENCHMARK(BM_DilatedForward)
+    ->ArgsProduct({{8192, 16384, 32768, 65536, 131072, 262144}, {0, 1}, {0}})
+    ->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_DilatedForwardBackward)
+    ->ArgsProduct({{8192, 16384, 32768, 65536, 131072, 262144}, {0, 1}, {0}})
     ->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_AttentionMemory)->Arg(4096)->Arg(16384)->Arg(65536)->Iterations(1)->UseRealTime()->Unit(benchmark::kSecond);
 

@@ -8,7 +8,7 @@ development machines are shared VMs whose speed drifts by 10-20% within a minute
 alternating and taking the best compares like with like. Prints GFLOP/s (counted as in the
 benchmark: forward 4 B H N^2 D, forward + backward 3.5x that, halved when causal) and the ratio.
 
-torch is a tool of this script only (perf_tests/compare_sdpa.sh installs it in a private
+torch is a tool of this script only (perf_tests/with_torch.sh installs it in a private
 virtual environment); nothing in the build or the tests uses it.
 
   compare_sdpa.py --bench build/release/perf_tests/longattn_bench_attention [--threads 2]
