@@ -21,8 +21,9 @@ import json
 import os
 import subprocess
 import sys
-import time
 import warnings
+
+from timing import seconds_per_step
 
 
 def longattn_seconds(bench, mode, tokens, threads):
@@ -50,14 +51,7 @@ def seed_seconds(torch, attention, mode, tokens, min_time=0.5):
 
         def step():
             attention(q, k, v).backward(d_o)
-    step()  # warm-up
-    runs, start = 0, time.perf_counter()
-    while True:
-        step()
-        runs += 1
-        elapsed = time.perf_counter() - start
-        if elapsed >= min_time:
-            return elapsed / runs
+    return seconds_per_step(step, min_time)
 
 
 def main():

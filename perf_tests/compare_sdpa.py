@@ -19,7 +19,8 @@ import json
 import os
 import subprocess
 import sys
-import time
+
+from timing import seconds_per_step
 
 
 def longattn_gflops(bench, mode, tokens, head_dim, causal, threads):
@@ -50,14 +51,7 @@ def sdpa_gflops(torch, mode, tokens, head_dim, causal, min_time=0.5):
 
         def step():
             F.scaled_dot_product_attention(q, k, v, is_causal=causal).backward(d_o)
-    step()  # warm-up
-    runs, start = 0, time.perf_counter()
-    while True:
-        step()
-        runs += 1
-        elapsed = time.perf_counter() - start
-        if elapsed >= min_time:
-            return runs * flops / elapsed * 1e-9
+    return flops / seconds_per_step(step, min_time) * 1e-9
 
 
 def main():
