@@ -44,6 +44,21 @@ struct MultiheadAttentionOptions {
   std::uint64_t seed = 0;           // weight initialization
 };
 
+namespace detail {
+
+// out[r][e] = bias[e] for every row (a free function: CUDA's extended lambdas may not live in
+// private members).
+template <class ExecSpace, class Bias, class Out>
+void broadcast_rows(const ExecSpace& exec, const Bias& bias, const Out& out) {
+  const std::int64_t cols = out.extent(1);
+  Kokkos::parallel_for(
+      "longattn::MultiheadAttention::broadcast_bias",
+      Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(exec, 0, std::int64_t(out.extent(0)) * cols),
+      KOKKOS_LAMBDA(std::int64_t i) { out(i / cols, i % cols) = bias(i % cols); });
+}
+
+}  // namespace detail
+
 template <class ExecSpace, class T = float>
 class MultiheadAttention {
  public:
@@ -127,7 +142,7 @@ class MultiheadAttention {
     const auto x_rows = rows_of(x);
     // Q, K, V = x W_i^T + b_i: the bias broadcast into the output, then gemm with beta = 1.
     for (int i = 0; i < 3; ++i) {
-      broadcast_rows(exec, slice(weights_.b_qkv, i), matrix(qkv_, i));
+      detail::broadcast_rows(exec, slice(weights_.b_qkv, i), matrix(qkv_, i));
       gemm("N", "T", T(1), x_rows, rows_block(weights_.w_qkv, i), T(1), matrix(qkv_, i));
     }
     run_attention_forward(exec, spec_, heads_view(qkv_, 0), heads_view(qkv_, 1), heads_view(qkv_, 2),
@@ -135,7 +150,7 @@ class MultiheadAttention {
     if (options_.sub_layer_norm)
       layer_norm_forward(exec, matrix(attention_out_), weights_.ln_gamma, weights_.ln_beta, options_.layer_norm_eps,
                          matrix(normalized_), mean_, rstd_);
-    broadcast_rows(exec, weights_.b_out, rows_of(y));
+    detail::broadcast_rows(exec, weights_.b_out, rows_of(y));
     gemm("N", "T", T(1), projection_input(), weights_.w_out, T(1), rows_of(y));
   }
 
@@ -268,15 +283,6 @@ class MultiheadAttention {
   Heads heads_view(T* data) const { return Heads(data, batch_, tokens_, heads_, head_dim()); }
   Heads heads_view(const Activations& a) const { return heads_view(a.data()); }
   Heads heads_view(const Projections& p, int i) const { return heads_view(p.data() + i * p.extent(1) * p.extent(2)); }
-
-  // out[r][e] = bias[e] for every row.
-  static void broadcast_rows(const ExecSpace& exec, const Vector& bias, const Matrix& out) {
-    const std::int64_t cols = out.extent(1);
-    Kokkos::parallel_for(
-        "longattn::MultiheadAttention::broadcast_bias",
-        Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(exec, 0, std::int64_t(out.extent(0)) * cols),
-        KOKKOS_LAMBDA(std::int64_t i) { out(i / cols, i % cols) = bias(i % cols); });
-  }
 
   int embed_dim_, heads_;
   MultiheadAttentionOptions options_;
