@@ -263,22 +263,9 @@ TEMPLATE_LIST_TEST_CASE("attention gradients match central finite differences", 
       return sum;
     };
     auto check_gradient = [&](auto input, auto gradient, const char* name) {
-      auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), input);
       const HostTensor analytic = to_host(gradient);
-      double worst = 0;
-      const double h = 1e-6;
-      for (std::size_t i = 0; i < host.span(); ++i) {
-        const double saved = host.data()[i];
-        host.data()[i] = saved + h;
-        Kokkos::deep_copy(input, host);
-        const double up = loss();
-        host.data()[i] = saved - h;
-        Kokkos::deep_copy(input, host);
-        const double down = loss();
-        host.data()[i] = saved;
-        Kokkos::deep_copy(input, host);
-        worst = std::max(worst, std::abs((up - down) / (2 * h) - analytic.data()[i]));
-      }
+      const double worst = longattn::test::finite_difference_error(
+          input, loss, [&](std::size_t i) { return analytic.data()[i]; });
       INFO(name << ": largest |finite difference - analytic| = " << worst);
       CHECK(worst < 1e-7);
     };

@@ -224,6 +224,10 @@ TEST_CASE("dilated attention score counts are linear in N", "[core][dilated]") {
   // 8 heads in groups of 3, 3, 2: each group its own configuration, 1 / r of the tokens.
   CHECK(longattn::dilated_attention_scores(8192, 8, groups, false) ==
         3.0 * 4 * 2048 * 2048 + 3.0 * 2 * 2048 * 2048 + 2.0 * 2048 * 2048);
+  CHECK_THROWS_WITH(longattn::dilated_attention_scores(-1, 8, config, false), Catch::Contains("'tokens' is -1"));
+  CHECK_THROWS_WITH(longattn::dilated_attention_scores(8192, 0, config, false), Catch::Contains("'heads' is 0"));
+  CHECK_THROWS_WITH(longattn::dilated_attention_workspace_bytes<float>(1, 8192, -8, 64, config),
+                    Catch::Contains("'heads' is -8"));
 }
 
 TEST_CASE("dilated attention rejects invalid configurations with a longattn::Error", "[core][dilated][errors]") {

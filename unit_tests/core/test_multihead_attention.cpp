@@ -11,6 +11,7 @@
 
 #include "execution_spaces.hpp"
 #include "longattn/core/attention_spec.hpp"
+#include "longattn/core/layer_norm.hpp"
 #include "longattn/core/multihead_attention.hpp"
 #include "reference/attention.hpp"
 #include "reference/dilated.hpp"
@@ -171,24 +172,8 @@ TEMPLATE_LIST_TEST_CASE("MultiheadAttention backward matches central finite diff
           for (std::size_t i = 0; i < out.size(); ++i) sum += out[i] * r.data()[i];
           return sum;
         };
-        // Central differences of loss() in each element of a device view, against `analytic`.
         auto worst_error = [&](auto view, const std::vector<double>& analytic) {
-          auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), view);
-          double worst = 0;
-          const double h = 1e-6;
-          for (std::size_t i = 0; i < host.span(); ++i) {
-            const double saved = host.data()[i];
-            host.data()[i] = saved + h;
-            Kokkos::deep_copy(view, host);
-            const double up = loss();
-            host.data()[i] = saved - h;
-            Kokkos::deep_copy(view, host);
-            const double down = loss();
-            host.data()[i] = saved;
-            Kokkos::deep_copy(view, host);
-            worst = std::max(worst, std::abs((up - down) / (2 * h) - analytic[i]));
-          }
-          return worst;
+          return longattn::test::finite_difference_error(view, loss, [&](std::size_t i) { return analytic[i]; });
         };
         const double dx_error = worst_error(x, dx_analytic), dp_error = worst_error(module.parameters(), dp_analytic);
         INFO("largest |finite difference - analytic|: dx " << dx_error << ", parameters " << dp_error);
@@ -310,4 +295,25 @@ TEST_CASE("MultiheadAttention rejects bad input with a longattn::Error", "[core]
   CHECK_THROWS_WITH(module.backward(Tokens("dy", 1, 5, 8), dx), Catch::Contains("'dy's extents' is [1, 5, 8], expected [2, 5, 8]"));
   CHECK_THROWS_WITH(module.backward(y, x), Catch::Contains("argument 'dx' is overlapping x (of the forward pass)"));
   CHECK_NOTHROW(module.backward(y, dx));
+  CHECK_THROWS_WITH(module.activation_bytes(-1, 5), Catch::Contains("'batch' is -1, expected a count >= 0"));
+}
+
+TEST_CASE("layer_norm_forward and layer_norm_backward reject mismatched shapes", "[core][module][errors]") {
+  using Host = Kokkos::DefaultHostExecutionSpace;
+  using M = Kokkos::View<float**, Kokkos::HostSpace>;
+  using V = Kokkos::View<float*, Kokkos::HostSpace>;
+  const Host exec;
+  M x("x", 6, 8), y("y", 6, 8), dx("dx", 6, 8);
+  V gamma("gamma", 8), beta("beta", 8), mean("mean", 6), rstd("rstd", 6);
+  CHECK_NOTHROW(longattn::layer_norm_forward(exec, x, gamma, beta, 1e-5, y, mean, rstd));
+  CHECK_THROWS_WITH(longattn::layer_norm_forward(exec, x, V("gamma", 7), beta, 1e-5, y, mean, rstd),
+                    Catch::Contains("'gamma's extents' is [7], expected [8] ([E] of x)"));
+  CHECK_THROWS_WITH(longattn::layer_norm_forward(exec, x, gamma, beta, 1e-5, M("y", 5, 8), mean, rstd),
+                    Catch::Contains("'y's extents' is [5, 8], expected [6, 8]"));
+  CHECK_THROWS_WITH(longattn::layer_norm_forward(exec, x, gamma, beta, 0.0, y, mean, rstd),
+                    Catch::Contains("'eps' is 0, expected a positive finite number"));
+  CHECK_THROWS_WITH(longattn::layer_norm_backward(exec, y, x, gamma, V("mean", 5), rstd, dx, gamma, beta),
+                    Catch::Contains("'mean's extents' is [5], expected [6]"));
+  CHECK_THROWS_WITH(longattn::layer_norm_backward(exec, y, x, gamma, mean, rstd, y, gamma, beta),
+                    Catch::Contains("argument 'dx' is overlapping dy"));
 }

@@ -71,4 +71,27 @@ double tolerance() {
   return std::is_same_v<T, float> ? 2e-5 : 1e-12;
 }
 
+
+// Gradients by central finite differences: the largest |(loss() at x + h e_i - loss() at
+// x - h e_i) / 2h - analytic(i)| over the elements i of a contiguous device view x, perturbed one
+// at a time through a host mirror (and restored).
+template <class View, class Loss, class Analytic>
+double finite_difference_error(const View& input, Loss&& loss, Analytic&& analytic, double h = 1e-6) {
+  auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), input);
+  double worst = 0;
+  for (std::size_t i = 0; i < host.span(); ++i) {
+    const double saved = host.data()[i];
+    host.data()[i] = saved + h;
+    Kokkos::deep_copy(input, host);
+    const double up = loss();
+    host.data()[i] = saved - h;
+    Kokkos::deep_copy(input, host);
+    const double down = loss();
+    host.data()[i] = saved;
+    Kokkos::deep_copy(input, host);
+    worst = std::max(worst, std::abs((up - down) / (2 * h) - analytic(i)));
+  }
+  return worst;
+}
+
 }  // namespace longattn::test

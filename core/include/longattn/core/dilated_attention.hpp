@@ -78,7 +78,7 @@ inline void validate_dilated_config(const DilatedConfig& config, int heads, cons
 namespace detail {
 
 // One pass of the pattern: configuration (w, r), the token offset inside each segment, the
-// heads it covers (first, first + step, ..., count of them), and o's scale.
+// heads it covers (first, first + step, ..., count of them).
 struct DilatedPass {
   int config;
   std::int64_t segment, rate, offset;
@@ -177,6 +177,11 @@ inline AttentionOptions pass_options(const AttentionOptions& opts, const Dilated
 template <class T>
 std::size_t dilated_attention_workspace_bytes(int batch, std::int64_t tokens, int heads, int head_dim,
                                               const DilatedConfig& config) {
+  const char* where = "longattn::dilated_attention_workspace_bytes";
+  require(batch >= 0, where, "batch", batch, "a count >= 0");
+  require(tokens >= 0, where, "tokens", tokens, "a count >= 0");
+  require(heads >= 0, where, "heads", heads, "a count >= 0");
+  require(head_dim >= 0, where, "head_dim", head_dim, "a count >= 0");
   if (config.mode != DilatedMode::longnet || config.segment_lengths.size() < 2) return 0;
   return std::size_t(batch) * tokens * heads * (head_dim + 1) * sizeof(T);
 }
@@ -184,7 +189,10 @@ std::size_t dilated_attention_workspace_bytes(int batch, std::int64_t tokens, in
 // Query-key scores the pattern computes per batch entry, over all heads (4 * head_dim flops each
 // in the forward pass): the work actually done, for FLOP rates and planning.
 inline double dilated_attention_scores(std::int64_t tokens, int heads, const DilatedConfig& config, bool causal) {
-  validate_dilated_config(config, heads, "longattn::dilated_attention_scores");
+  const char* where = "longattn::dilated_attention_scores";
+  require(tokens >= 0, where, "tokens", tokens, "a count >= 0");
+  require(heads >= 1, where, "heads", heads, "at least 1");
+  validate_dilated_config(config, heads, where);
   double scores = 0;
   for (const detail::DilatedPass& pass : detail::dilated_passes(config, heads))
     for (const detail::SegmentRun& run : detail::segment_runs(pass, tokens)) {
@@ -219,9 +227,9 @@ void dilated_attention_forward(const ExecSpace& exec, const Q& q, const K& k, co
     Kokkos::View<T****, Kokkos::LayoutRight, Memory> o_part;
     Kokkos::View<T***, Kokkos::LayoutRight, Memory> lse_part;
     if (merged) {
-      o_part = allocate_workspace<decltype(o_part)>(exec, "longattn::dilated_attention::o_part", geo.batch,
+      o_part = detail::allocate_workspace<decltype(o_part)>(exec, "longattn::dilated_attention::o_part", geo.batch,
                                                     geo.queries, geo.heads, geo.head_dim);
-      lse_part = allocate_workspace<decltype(lse_part)>(exec, "longattn::dilated_attention::lse_part",
+      lse_part = detail::allocate_workspace<decltype(lse_part)>(exec, "longattn::dilated_attention::lse_part",
                                                         geo.batch, geo.heads, geo.queries);
     }
     detail::for_each_dilated_run(passes, geo.batch, geo.queries, [&](const detail::DilatedPass& pass,

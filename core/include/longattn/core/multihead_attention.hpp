@@ -93,8 +93,8 @@ class MultiheadAttention {
             options.gamma_init, "a positive finite number");
     if (spec_.kind == AttentionSpec::Kind::dilated) validate_dilated_config(spec_.dilated, heads, where);
     const ExecSpace exec;
-    parameters_ = allocate_workspace<Flat>(exec, "longattn::MultiheadAttention::parameters", parameter_count());
-    gradients_ = allocate_workspace<Flat>(exec, "longattn::MultiheadAttention::gradients", parameter_count());
+    parameters_ = detail::allocate_workspace<Flat>(exec, "longattn::MultiheadAttention::parameters", parameter_count());
+    gradients_ = detail::allocate_workspace<Flat>(exec, "longattn::MultiheadAttention::gradients", parameter_count());
     weights_ = carve(parameters_);
     weight_gradients_ = carve(gradients_);
     initialize_parameters();
@@ -125,6 +125,9 @@ class MultiheadAttention {
 
   // Bytes forward() keeps for backward() plus backward()'s own buffers, for B sequences of N tokens.
   std::size_t activation_bytes(int batch, std::int64_t tokens) const {
+    const char* where = "longattn::MultiheadAttention::activation_bytes";
+    require(batch >= 0, where, "batch", batch, "a count >= 0");
+    require(tokens >= 0, where, "tokens", tokens, "a count >= 0");
     const std::size_t rows = std::size_t(batch) * tokens, E = embed_dim_;
     const std::size_t layer_norm = options_.sub_layer_norm ? 2 * rows * E + 2 * rows : 0;
     return sizeof(T) * (3 * rows * E + rows * E + rows * heads_ + layer_norm  // forward
@@ -238,18 +241,18 @@ class MultiheadAttention {
     tokens_ = tokens;
     const std::size_t rows = std::size_t(batch) * tokens, E = embed_dim_;
     const std::string label = "longattn::MultiheadAttention::";
-    qkv_ = allocate_workspace<Projections>(exec, label + "qkv", 3, rows, E);
-    attention_out_ = allocate_workspace<Activations>(exec, label + "attention", rows, E);
-    lse_ = allocate_workspace<Kokkos::View<T***, memory_space>>(exec, label + "lse", batch, heads_, tokens);
-    d_projection_ = allocate_workspace<Activations>(exec, label + "d_projection", rows, E);
-    d_qkv_ = allocate_workspace<Projections>(exec, label + "d_qkv", 3, rows, E);
-    ones_ = allocate_workspace<RowValues>(exec, label + "ones", rows);
+    qkv_ = detail::allocate_workspace<Projections>(exec, label + "qkv", 3, rows, E);
+    attention_out_ = detail::allocate_workspace<Activations>(exec, label + "attention", rows, E);
+    lse_ = detail::allocate_workspace<Kokkos::View<T***, memory_space>>(exec, label + "lse", batch, heads_, tokens);
+    d_projection_ = detail::allocate_workspace<Activations>(exec, label + "d_projection", rows, E);
+    d_qkv_ = detail::allocate_workspace<Projections>(exec, label + "d_qkv", 3, rows, E);
+    ones_ = detail::allocate_workspace<RowValues>(exec, label + "ones", rows);
     Kokkos::deep_copy(exec, ones_, T(1));
     if (options_.sub_layer_norm) {
-      normalized_ = allocate_workspace<Activations>(exec, label + "normalized", rows, E);
-      d_attention_ = allocate_workspace<Activations>(exec, label + "d_attention", rows, E);
-      mean_ = allocate_workspace<RowValues>(exec, label + "mean", rows);
-      rstd_ = allocate_workspace<RowValues>(exec, label + "rstd", rows);
+      normalized_ = detail::allocate_workspace<Activations>(exec, label + "normalized", rows, E);
+      d_attention_ = detail::allocate_workspace<Activations>(exec, label + "d_attention", rows, E);
+      mean_ = detail::allocate_workspace<RowValues>(exec, label + "mean", rows);
+      rstd_ = detail::allocate_workspace<RowValues>(exec, label + "rstd", rows);
     }
   }
 

@@ -1,4 +1,4 @@
-// allocate_workspace: the one function through which the core and its modules allocate their
+// detail::allocate_workspace: the one function through which the core and its modules allocate their
 // own buffers (backward's Delta, dilated attention's partial results, a module's parameters and
 // activations). The memory layer's pool takes over here, in one place, when it lands.
 #pragma once
@@ -7,7 +7,7 @@
 
 #include <string>
 
-namespace longattn {
+namespace longattn::detail {
 
 // A View of type ViewType with the given extents, allocated on exec's memory space without
 // initialization (callers write every element they read).
@@ -16,4 +16,4 @@ ViewType allocate_workspace(const ExecSpace& exec, const std::string& label, Ext
   return ViewType(Kokkos::view_alloc(exec, Kokkos::WithoutInitializing, label), extents...);
 }
 
-}  // namespace longattn
+}  // namespace longattn::detail
