@@ -2,7 +2,8 @@
 // H = 8, D = 64 and 128, N = 1K..16K (and 32K at D = 64), causal and not, fp32, on all cores of
 // the default host execution space; the peak extra memory of forward + backward for N = 4K,
 // 16K, 64K; and dilated attention (LongNet, w = 2048,4096,8192, r = 1,2,4, both modes) for
-// N = 8K..256K: tokens/s, time per token, GFLOP/s of the scores it computes.
+// N = 8K..256K: tokens/s, time per token, GFLOP/s of the scores it computes; block-sparse
+// attention at N = 16K and 64K for densities 5..100% and each named pattern, beside dense.
 //
 // FLOPs counted (the convention of FlashAttention and of the issue): forward 4 B H Nq Nk D
 // (two products of 2 B H Nq Nk D), backward 2.5x that, both halved when causal. The kernels'
@@ -20,6 +21,7 @@
 #include <string>
 
 #include "longattn/core/attention.hpp"
+#include "longattn/core/block_sparse_patterns.hpp"
 #include "longattn/core/dilated_attention.hpp"
 #include "longattn/core/ceilings.hpp"
 #include "longattn/core/runtime.hpp"
@@ -60,22 +62,29 @@ void set_counters(benchmark::State& state, double flops, double bytes, double se
   state.counters["threads"] = Exec().concurrency();
 }
 
+// Runs step() once per iteration; the seconds measured. A warm-up step first (scratch, first
+// touch of pages) unless the benchmark is a single step of seconds, where neither shows.
+template <class Step>
+double time_steps(benchmark::State& state, Step&& step) {
+  if (state.max_iterations > 1) step();
+  Kokkos::Timer timer;
+  for (auto _ : state) step();
+  return timer.seconds();
+}
+
 // Args: {N, D, causal}; B = 1, H = 8.
 void BM_AttentionForward(benchmark::State& state) {
   const int N = int(state.range(0)), D = int(state.range(1)), H = 8;
   longattn::AttentionOptions opts;
   opts.causal = state.range(2) != 0;
   Problem p(1, N, H, D);
-  longattn::attention_forward(Exec(), p.q, p.k, p.v, p.o, p.lse, opts);  // warm-up: scratch, pages
-  Kokkos::fence();
-  Kokkos::Timer timer;
-  for (auto _ : state) {
+  const double seconds = time_steps(state, [&] {
     longattn::attention_forward(Exec(), p.q, p.k, p.v, p.o, p.lse, opts);
     Kokkos::fence();
-  }
+  });
   const double n = state.iterations();
   set_counters(state, n * forward_flops(1, N, H, D, opts.causal),
-               n * (4.0 * N * H * D + H * N) * sizeof(float), timer.seconds());
+               n * (4.0 * N * H * D + H * N) * sizeof(float), seconds);
 }
 
 void BM_AttentionForwardBackward(benchmark::State& state) {
@@ -83,18 +92,14 @@ void BM_AttentionForwardBackward(benchmark::State& state) {
   longattn::AttentionOptions opts;
   opts.causal = state.range(2) != 0;
   Problem p(1, N, H, D);
-  longattn::attention_forward(Exec(), p.q, p.k, p.v, p.o, p.lse, opts);
-  longattn::attention_backward(Exec(), p.q, p.k, p.v, p.o, p.d_o, p.lse, p.dq, p.dk, p.dv, opts);
-  Kokkos::fence();
-  Kokkos::Timer timer;
-  for (auto _ : state) {
+  const double seconds = time_steps(state, [&] {
     longattn::attention_forward(Exec(), p.q, p.k, p.v, p.o, p.lse, opts);
     longattn::attention_backward(Exec(), p.q, p.k, p.v, p.o, p.d_o, p.lse, p.dq, p.dk, p.dv, opts);
     Kokkos::fence();
-  }
+  });
   const double n = state.iterations();
   set_counters(state, n * 3.5 * forward_flops(1, N, H, D, opts.causal),
-               n * (4.0 + 8.0) * N * H * D * sizeof(float) + n * 2.0 * H * N * sizeof(float), timer.seconds());
+               n * (4.0 + 8.0) * N * H * D * sizeof(float) + n * 2.0 * H * N * sizeof(float), seconds);
 }
 
 // Bytes allocated through Kokkos (Views, and the OpenMP backend's per-thread scratch pool) while
@@ -173,15 +178,79 @@ void run_dilated(benchmark::State& state, bool with_backward) {
       longattn::dilated_attention_backward(Exec(), p.q, p.k, p.v, p.o, p.d_o, p.lse, p.dq, p.dk, p.dv, config, opts);
     Kokkos::fence();
   };
-  step();  // warm-up: scratch, pages
-  Kokkos::Timer timer;
-  for (auto _ : state) step();
+  const double seconds = time_steps(state, step);
   const double forward_flops = 4.0 * D * longattn::dilated_attention_scores(N, H, config, opts.causal);
-  set_dilated_counters(state, (with_backward ? 3.5 : 1.0) * forward_flops, timer.seconds());
+  set_dilated_counters(state, (with_backward ? 3.5 : 1.0) * forward_flops, seconds);
 }
 
 void BM_DilatedForward(benchmark::State& state) { run_dilated(state, false); }
 void BM_DilatedForwardBackward(benchmark::State& state) { run_dilated(state, true); }
+
+// Block-sparse attention. Args: {N, pattern, density in percent (random only)}; B = 1, H = 8,
+// D = 64, not causal. Patterns, with parameters that scale with N:
+//   0 random at the given density       1 local window, radius N / 20 (about 10%)
+//   2 dilated blocks, rates 1, 2, 4, ... up to the block count
+//   3 global + local, N / 64 global tokens, radius N / 32 (about 10%)
+//   4 content-adaptive top-k, k = 10% of the key blocks (the selection is timed with each step)
+// FLOPs: those of the kept blocks, 4 D per score of a kept 64 x 64 block (forward), 3.5x that
+// with backward. Counters: density and the kept blocks; compare times with BM_Attention* at the
+// same N in the same run.
+longattn::BlockSparseConfig block_sparse_config(const benchmark::State& state) {
+  const std::int64_t N = state.range(0), blocks = N / 64;
+  longattn::BlockSparseConfig config;
+  switch (state.range(1)) {
+    case 0:
+      config.pattern = longattn::BlockSparsePattern::random;
+      config.density = double(state.range(2)) / 100;
+      config.seed = 2026;
+      break;
+    case 1:
+      config.pattern = longattn::BlockSparsePattern::local_window;
+      config.radius = N / 20;
+      break;
+    case 2:
+      config.pattern = longattn::BlockSparsePattern::dilated;
+      for (std::int64_t r = 1; r < blocks; r *= 2) config.rates.push_back(r);
+      break;
+    case 3:
+      config.pattern = longattn::BlockSparsePattern::global_local;
+      config.global_tokens = N / 64;
+      config.radius = N / 32;
+      break;
+    default:
+      config.pattern = longattn::BlockSparsePattern::top_k;
+      config.top_k = std::max<std::int64_t>(1, blocks / 10);
+  }
+  return config;
+}
+
+// One step per iteration: (top-k: the selection,) forward, and backward when `with_backward`.
+void run_block_sparse(benchmark::State& state, bool with_backward) {
+  const int N = int(state.range(0)), H = 8, D = 64;
+  const longattn::BlockSparseConfig config = block_sparse_config(state);
+  const bool adaptive = config.pattern == longattn::BlockSparsePattern::top_k;
+  longattn::AttentionOptions opts;
+  Problem p(1, N, H, D);
+  auto layout = longattn::block_sparse_layout(Exec(), config, p.q, p.k, opts.causal);
+  auto step = [&] {
+    if (adaptive) layout = longattn::block_sparse_layout(Exec(), config, p.q, p.k, opts.causal);
+    longattn::attention_forward(Exec(), p.q, p.k, p.v, p.o, p.lse, opts, layout);
+    if (with_backward)
+      longattn::attention_backward(Exec(), p.q, p.k, p.v, p.o, p.d_o, p.lse, p.dq, p.dk, p.dv, opts, layout);
+    Kokkos::fence();
+  };
+  const double seconds = time_steps(state, step), n = state.iterations();
+  // Every block is 64 x 64 but the last, which is whole here (N is a multiple of 64).
+  const double pairs_per_pattern = double(layout.kept_blocks()) / layout.shape().patterns() * 64 * 64;
+  const double forward_flops = 4.0 * D * H * pairs_per_pattern;
+  set_counters(state, n * (with_backward ? 3.5 : 1.0) * forward_flops, 0, seconds);
+  state.counters["density"] = layout.density();
+  state.counters["kept_blocks_per_head"] = double(layout.kept_blocks()) / layout.shape().patterns();
+  state.counters["seconds_per_step"] = seconds / n;
+}
+
+void BM_BlockSparseForward(benchmark::State& state) { run_block_sparse(state, false); }
+void BM_BlockSparseForwardBackward(benchmark::State& state) { run_block_sparse(state, true); }
 
 }  // namespace
 
@@ -200,6 +269,17 @@ BENCHMARK(BM_DilatedForward)
 BENCHMARK(BM_DilatedForwardBackward)
     ->ArgsProduct({{8192, 16384, 32768, 65536, 131072, 262144}, {0, 1}, {0}})
     ->UseRealTime()->Unit(benchmark::kMillisecond);
+// Block-sparse at 16K and 64K, and dense at 64K (16K is above): densities, then the named patterns.
+BENCHMARK(BM_AttentionForward)->Args({65536, 64, 0})->Iterations(1)->UseRealTime()->Unit(benchmark::kSecond);
+BENCHMARK(BM_AttentionForwardBackward)->Args({65536, 64, 0})->Iterations(1)->UseRealTime()->Unit(benchmark::kSecond);
+BENCHMARK(BM_BlockSparseForward)
+    ->ArgsProduct({{16384, 65536}, {0}, {5, 10, 25, 50, 100}})
+    ->ArgsProduct({{16384, 65536}, {1, 2, 3, 4}, {0}})
+    ->Iterations(1)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_BlockSparseForwardBackward)
+    ->ArgsProduct({{16384, 65536}, {0}, {5, 10, 25, 50, 100}})
+    ->ArgsProduct({{16384, 65536}, {1, 2, 3, 4}, {0}})
+    ->Iterations(1)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_AttentionMemory)->Arg(4096)->Arg(16384)->Arg(65536)->Iterations(1)->UseRealTime()->Unit(benchmark::kSecond);
 
 int main(int argc, char* argv[]) {

@@ -50,7 +50,7 @@ longattn::AttentionOptions options(const Shape& s, bool causal) {
 }
 
 longattn::test::ReferenceOptions reference_options(const Shape& s, bool causal) {
-  return {0.0, causal, s.query_offset, s.key_offset};
+  return {0.0, causal, s.query_offset, s.key_offset, {}};
 }
 
 const Shape shapes[] = {
@@ -405,7 +405,7 @@ TEST_CASE("attention rejects bad input with a longattn::Error naming the argumen
   wrong_blocks.queries = 10;
   wrong_blocks.keys = 12;
   CHECK_THROWS_WITH(longattn::attention_forward(exec, q, k, v, o, lse, {}, wrong_blocks),
-                    Catch::Contains("'blocks.block' is 48"));
+                    Catch::Contains("'blocks.block_size()' is 48"));
 
   F4 dq("dq", 1, 10, 2, 16), dk("dk", 1, 12, 2, 16), dv("dv", 1, 12, 2, 16), d_o("do", 1, 10, 2, 16);
   CHECK_NOTHROW(longattn::attention_backward(exec, q, k, v, o, d_o, lse, dq, dk, dv));

@@ -208,7 +208,7 @@ TEMPLATE_LIST_TEST_CASE("dilated attention with w = N and r = 1 equals dense att
     }
     HostTensor o_ref("o", B, N, H, D);
     HostRows lse_ref("lse", B, H, N);
-    longattn::test::reference_attention_forward(q, k, v, o_ref, lse_ref, {0.0, causal, 0, 0});
+    longattn::test::reference_attention_forward(q, k, v, o_ref, lse_ref, {0.0, causal, 0, 0, {}});
     CHECK(relative_error(to_host(o), o_ref) <= tolerance<float>());
   }
 }

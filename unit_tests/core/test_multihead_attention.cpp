@@ -14,6 +14,7 @@
 #include "longattn/core/layer_norm.hpp"
 #include "longattn/core/multihead_attention.hpp"
 #include "reference/attention.hpp"
+#include "reference/block_sparse.hpp"
 #include "reference/dilated.hpp"
 #include "reference/random.hpp"
 #include "reference/tensors.hpp"
@@ -71,13 +72,31 @@ Host3 reference_module_forward(const Host3& x, const std::vector<double>& p, int
   HostRows lse("lse", B, H, N);
   const longattn::AttentionSpec spec =
       longattn::resolve_attention_spec(longattn::parse_attention_spec(options.attention), N);
-  if (spec.kind == longattn::AttentionSpec::Kind::dilated)
+  if (spec.kind == longattn::AttentionSpec::Kind::dilated) {
     longattn::test::reference_dilated_forward(
         qkv[0], qkv[1], qkv[2], a, lse,
         {spec.dilated.segment_lengths, spec.dilated.dilation_rates,
          spec.dilated.mode == longattn::DilatedMode::head_groups, options.causal});
-  else
-    longattn::test::reference_attention_forward(qkv[0], qkv[1], qkv[2], a, lse, {0.0, options.causal, 0, 0});
+  } else if (spec.kind == longattn::AttentionSpec::Kind::block_sparse) {
+    const longattn::BlockSparseConfig& config = spec.block_sparse;
+    const int block = 64;
+    longattn::test::BlockMask mask(block, 1, 1, N, N);
+    if (config.pattern == longattn::BlockSparsePattern::top_k) {
+      mask = longattn::test::reference_top_k(qkv[0], qkv[1], block, config.top_k, options.causal);
+    } else if (config.pattern == longattn::BlockSparsePattern::random) {  // its draws, checked elsewhere
+      longattn::BlockSparseShape shape;
+      shape.queries = shape.keys = N;
+      bool consistent = false;
+      mask = longattn::test::read_layout(
+          longattn::random_layout(Kokkos::DefaultHostExecutionSpace(), shape, config.density, config.seed, options.causal),
+          consistent);
+    } else {
+      mask = longattn::test::reference_static_pattern(config, block, N, N, options.causal);
+    }
+    longattn::test::reference_attention_forward(qkv[0], qkv[1], qkv[2], a, lse, mask.options(options.causal));
+  } else {
+    longattn::test::reference_attention_forward(qkv[0], qkv[1], qkv[2], a, lse, {0.0, options.causal, 0, 0, {}});
+  }
   Host3 y("y", B, N, E);
   std::vector<double> z(E);
   for (int b = 0; b < B; ++b)
@@ -108,7 +127,22 @@ longattn::MultiheadAttentionOptions module_options(const std::string& spec, bool
   return options;
 }
 
-const char* specs[] = {"dense", "dilated:w=8,16;r=1,2", "dilated:w=6,12,24;r=1,2,4;mode=head_groups", "auto"};
+// Specs and the token count to run them at (block-sparse patterns need several 64-token blocks).
+struct SpecCase {
+  const char* spec;
+  int tokens;
+};
+const SpecCase forward_cases[] = {
+    {"dense", 29},
+    {"dilated:w=8,16;r=1,2", 29},
+    {"dilated:w=6,12,24;r=1,2,4;mode=head_groups", 29},
+    {"auto", 29},
+    {"block_sparse:pattern=local_window;radius=65", 150},
+    {"block_sparse:pattern=dilated;rates=2", 150},
+    {"block_sparse:pattern=global_local;global=10;radius=1", 150},
+    {"block_sparse:pattern=random;density=0.5;seed=3", 150},
+    {"block_sparse:pattern=top_k;k=2", 150},
+};
 
 }  // namespace
 
@@ -116,8 +150,8 @@ TEMPLATE_LIST_TEST_CASE("MultiheadAttention forward matches the layer computed n
                         "[core][module]", longattn::test::ExecutionSpaces) {
   using Memory = typename TestType::memory_space;
   std::mt19937_64 rng(longattn::test::test_seed());
-  const int B = 2, N = 29, E = 12, H = 3;
-  for (const char* spec : specs)
+  const int B = 2, E = 12, H = 3;
+  for (const auto& [spec, N] : forward_cases)
     for (bool causal : {false, true})
       for (bool layer_norm : {true, false}) {
         INFO(spec << (causal ? " causal" : "") << (layer_norm ? " sub-LayerNorm" : "") << ", seed "
@@ -146,10 +180,16 @@ TEMPLATE_LIST_TEST_CASE("MultiheadAttention backward matches central finite diff
   using Memory = typename TestType::memory_space;
   using Tokens = Kokkos::View<double***, Kokkos::LayoutRight, Memory>;
   std::mt19937_64 rng(longattn::test::test_seed());
-  const int B = 2, N = 11, E = 8, H = 2;
-  for (const char* spec : {"dense", "dilated:w=4,8;r=1,2", "dilated:w=4,8;r=1,2;mode=head_groups"})
+  const int E = 8, H = 2;
+  const SpecCase cases[] = {{"dense", 11},
+                            {"dilated:w=4,8;r=1,2", 11},
+                            {"dilated:w=4,8;r=1,2;mode=head_groups", 11},
+                            {"block_sparse:pattern=local_window;radius=1", 130},
+                            {"block_sparse:pattern=top_k;k=2", 130}};
+  for (const auto& [spec, N] : cases)
     for (bool causal : {false, true})
       for (bool layer_norm : {true, false}) {
+        const int B = N > 64 ? 1 : 2;
         INFO(spec << (causal ? " causal" : "") << (layer_norm ? " sub-LayerNorm" : "") << ", seed "
                   << longattn::test::test_seed());
         longattn::MultiheadAttention<TestType, double> module(E, H, module_options(spec, causal, layer_norm));
@@ -177,8 +217,10 @@ TEMPLATE_LIST_TEST_CASE("MultiheadAttention backward matches central finite diff
         };
         const double dx_error = worst_error(x, dx_analytic), dp_error = worst_error(module.parameters(), dp_analytic);
         INFO("largest |finite difference - analytic|: dx " << dx_error << ", parameters " << dp_error);
-        CHECK(dx_error < 1e-7);
-        CHECK(dp_error < 1e-7);
+        // Rounding in the finite differences grows with the loss, a sum over all tokens.
+        const double allowed = 1e-7 * std::max(1.0, B * N / 22.0);
+        CHECK(dx_error < allowed);
+        CHECK(dp_error < allowed);
       }
 }
 
@@ -257,10 +299,37 @@ TEST_CASE("attention specs parse, print and resolve; bad specs throw a longattn:
   CHECK(long_sequence.dilated.segment_lengths == std::vector<std::int64_t>{2048, 4096, 8192, 16384, 32768});
   CHECK(long_sequence.dilated.dilation_rates == std::vector<std::int64_t>{1, 2, 4, 8, 16});
 
+  // block_sparse: every pattern prints back as parsed (random with its seed).
+  for (const std::string text :
+       {"block_sparse:pattern=full", "block_sparse:pattern=local_window;radius=512",
+        "block_sparse:pattern=dilated;rates=1,2,4", "block_sparse:pattern=global_local;global=64;radius=256",
+        "block_sparse:pattern=random;density=0.1;seed=7", "block_sparse:pattern=top_k;k=8"}) {
+    const auto parsed = parse_attention_spec(text);
+    CHECK(parsed.kind == Kind::block_sparse);
+    CHECK(longattn::to_string(parsed) == text);
+  }
+  const auto window = parse_attention_spec(" block_sparse: radius = 96 ; pattern = local_window ");
+  CHECK(window.block_sparse.pattern == longattn::BlockSparsePattern::local_window);
+  CHECK(window.block_sparse.radius == 96);
+  CHECK(parse_attention_spec("block_sparse:pattern=random;density=0.25").block_sparse.seed == 0);
+  CHECK(longattn::resolve_attention_spec(window, 100000).kind == Kind::block_sparse);
+
   CHECK_THROWS_WITH(parse_attention_spec("sparse"),
-                    Catch::Contains("argument 'spec' is \"sparse\", expected dense, auto, or dilated:"));
+                    Catch::Contains("argument 'spec' is \"sparse\", expected dense, auto, dilated:"));
   CHECK_THROWS_WITH(parse_attention_spec("block_sparse:pattern=local"),
-                    Catch::Contains("block_sparse arrives with block-sparse attention"));
+                    Catch::Contains("(\"pattern=local\" is not one of its fields, or repeats one)"));
+  CHECK_THROWS_WITH(parse_attention_spec("block_sparse:radius=5"), Catch::Contains("(pattern= is needed)"));
+  CHECK_THROWS_WITH(parse_attention_spec("block_sparse:pattern=local_window"),
+                    Catch::Contains("(pattern=local_window needs radius=)"));
+  CHECK_THROWS_WITH(parse_attention_spec("block_sparse:pattern=top_k;k=4;radius=3"),
+                    Catch::Contains("(pattern=top_k takes no radius=)"));
+  CHECK_THROWS_WITH(parse_attention_spec("block_sparse:pattern=top_k;k=4;k=5"), Catch::Contains("\"k=5\" is not one of its fields, or repeats one"));
+  CHECK_THROWS_WITH(parse_attention_spec("block_sparse:pattern=top_k;k=0"), Catch::Contains("'top_k' is 0, expected at least 1"));
+  CHECK_THROWS_WITH(parse_attention_spec("block_sparse:pattern=random;density=2"), Catch::Contains("'density' is 2"));
+  CHECK_THROWS_WITH(parse_attention_spec("block_sparse:pattern=random;density=0.1x"), Catch::Contains("density= as a number (\"0.1x\" is not one)"));
+  CHECK_THROWS_WITH(parse_attention_spec("block_sparse:pattern=random;density=0.1;seed=-1"), Catch::Contains("seed= as a non-negative integer"));
+  CHECK_THROWS_WITH(parse_attention_spec("block_sparse:pattern=dilated;rates=1,0"), Catch::Contains("'rates[1]' is 0"));
+  CHECK_THROWS_WITH(parse_attention_spec("block_sparse:pattern=global_local;global=-1;radius=2"), Catch::Contains("'global_tokens' is -1"));
   CHECK_THROWS_WITH(parse_attention_spec("dilated:w=8,16"), Catch::Contains("both w= and r= are needed"));
   CHECK_THROWS_WITH(parse_attention_spec("dilated:w=8,x;r=1,2"), Catch::Contains("(\"x\" is not one)"));
   CHECK_THROWS_WITH(parse_attention_spec("dilated:w=8;r=1;mode=fast"),

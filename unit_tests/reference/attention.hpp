@@ -2,12 +2,14 @@
 // Naive softmax attention in double precision: the reference the fused kernels are checked
 // against. Every score is formed, so memory is O(N^2) per row block; only for test sizes.
 // Tensors are host views [B, N, H, D]; lse is [B, H, Nq]; causal masking by global position
-// (key_offset + j > query_offset + i is masked), a query that sees no key gets o = 0, lse = -inf.
+// (key_offset + j > query_offset + i is masked) and by an optional token mask (block-sparse
+// patterns), a query that sees no key gets o = 0, lse = -inf.
 #include <Kokkos_Core.hpp>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <vector>
 
@@ -20,14 +22,17 @@ struct ReferenceOptions {
   double scale = 0;  // 0: 1 / sqrt(D)
   bool causal = false;
   std::int64_t query_offset = 0, key_offset = 0;
+  // mask(b, h, i, j): whether query i of (b, h) may see key j at all (empty: every key).
+  std::function<bool(std::size_t, std::size_t, std::size_t, std::size_t)> mask;
 };
 
 namespace detail {
 inline double scale_of(const ReferenceOptions& opts, std::size_t head_dim) {
   return opts.scale != 0 ? opts.scale : 1.0 / std::sqrt(double(head_dim));
 }
-inline bool visible(const ReferenceOptions& opts, std::size_t i, std::size_t j) {
-  return !opts.causal || opts.key_offset + std::int64_t(j) <= opts.query_offset + std::int64_t(i);
+inline bool visible(const ReferenceOptions& opts, std::size_t b, std::size_t h, std::size_t i, std::size_t j) {
+  return (!opts.causal || opts.key_offset + std::int64_t(j) <= opts.query_offset + std::int64_t(i)) &&
+         (!opts.mask || opts.mask(b, h, i, j));
 }
 
 // Probabilities of query i of (b, h) over all keys (0 where masked); returns false if it sees none.
@@ -39,7 +44,7 @@ inline bool reference_probabilities(const HostTensor& q, const HostTensor& k, co
   double top = -std::numeric_limits<double>::infinity();
   p.assign(Nk, 0.0);
   for (std::size_t j = 0; j < Nk; ++j) {
-    if (!visible(opts, i, j)) continue;
+    if (!visible(opts, b, h, i, j)) continue;
     double s = 0;
     for (std::size_t d = 0; d < D; ++d) s += q(b, i, h, d) * k(b, j, h, d);
     p[j] = s * scale;
@@ -50,9 +55,9 @@ inline bool reference_probabilities(const HostTensor& q, const HostTensor& k, co
     return false;
   }
   double sum = 0;
-  for (std::size_t j = 0; j < Nk; ++j) sum += visible(opts, i, j) ? std::exp(p[j] - top) : 0.0;
+  for (std::size_t j = 0; j < Nk; ++j) sum += visible(opts, b, h, i, j) ? std::exp(p[j] - top) : 0.0;
   lse = top + std::log(sum);
-  for (std::size_t j = 0; j < Nk; ++j) p[j] = visible(opts, i, j) ? std::exp(p[j] - lse) : 0.0;
+  for (std::size_t j = 0; j < Nk; ++j) p[j] = visible(opts, b, h, i, j) ? std::exp(p[j] - lse) : 0.0;
   return true;
 }
 }  // namespace detail

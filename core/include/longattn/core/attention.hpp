@@ -8,6 +8,8 @@
 // strides (LayoutRight, LayoutLeft, LayoutStride: a view of every r-th token is not a copy);
 // lse is [B, H, Nq], the natural log of each query's softmax denominator. Scalar: float or double
 // (accumulation in the same type). q and o have Nq tokens, k and v Nk; they may differ.
+// `blocks` is the block pattern the kernels visit: dense by default (DenseBlocks), or a
+// block-sparse layout (block_sparse_layout.hpp), whose cost is proportional to its kept blocks.
 //
 // Memory: the forward pass allocates nothing; the backward pass allocates
 // attention_backward_workspace_bytes() = B * H * Nq * sizeof(T) (Delta = rowsum(dO * O),
@@ -269,17 +271,30 @@ DenseBlocks dense_blocks(const Q& q, const K& k, const AttentionOptions& opts) {
   return blocks;
 }
 
-// A block pattern must be cut in the kernel's blocks and cover q's and k's tokens.
+template <class Pattern, class = void>
+struct has_memory_space : std::false_type {};
+template <class Pattern>
+struct has_memory_space<Pattern, std::void_t<typename Pattern::memory_space>> : std::true_type {};
+
+// A block pattern must be cut in the kernel's blocks, cover q's and k's tokens, have a pattern
+// for every (batch, head) and live where the kernels can read it.
 template <class ExecSpace, class T, class Blocks>
 void check_blocks(const char* where, const Blocks& blocks, const AttentionGeometry& geo) {
   const int block = AttentionTiles<ExecSpace, T>::block;
-  require(blocks.block == block, where, "blocks.block", blocks.block,
+  require(blocks.block_size() == block, where, "blocks.block_size()", blocks.block_size(),
           std::to_string(block) + " (the kernel's block size here)");
   const int query_blocks = (geo.queries + block - 1) / block, key_blocks = (geo.keys + block - 1) / block;
   require(blocks.query_blocks() == query_blocks, where, "blocks.query_blocks()", blocks.query_blocks(),
           std::to_string(query_blocks) + " (blocks of q's tokens)");
   require(blocks.key_blocks() == key_blocks, where, "blocks.key_blocks()", blocks.key_blocks(),
           std::to_string(key_blocks) + " (blocks of k's tokens)");
+  require(blocks.pattern_batch() == 1 || blocks.pattern_batch() == geo.batch, where, "blocks.pattern_batch()",
+          blocks.pattern_batch(), "1 (shared) or " + std::to_string(geo.batch) + " (q's batch)");
+  require(blocks.pattern_heads() == 1 || blocks.pattern_heads() == geo.heads, where, "blocks.pattern_heads()",
+          blocks.pattern_heads(), "1 (shared) or " + std::to_string(geo.heads) + " (q's heads)");
+  if constexpr (has_memory_space<Blocks>::value)
+    static_assert(Kokkos::Impl::SpaceAccessibility<ExecSpace, typename Blocks::memory_space>::accessible,
+                  "longattn attention: the block pattern's memory space is not accessible from the execution space");
 }
 
 // Runs a team kernel with its scratch in level 0 (fast: shared memory on a GPU) where it fits,

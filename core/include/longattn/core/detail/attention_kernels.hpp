@@ -17,6 +17,7 @@
 
 #include <cstdint>
 
+#include "longattn/core/dense_blocks.hpp"
 #include "longattn/core/detail/tile_mma.hpp"
 
 namespace longattn::detail {
@@ -178,14 +179,15 @@ struct ForwardKernel {
     });
     team.team_barrier();
 
-    const int visits = pattern.key_block_count(qb);
+    const BlockList visited = pattern.visited_key_blocks(b, h, qb);
+    const int visits = visited.count;
     for (int n = 0; n < visits; ++n) {
-      const int k_first = pattern.key_block(qb, n) * L;
+      const int k_first = visited[n] * L;
       const int k_count = tokens_in_block(k_first, geo.keys, L);
       load_rows(team, k, v, b, h, k_first, k_count, D, ks, vs);
       team.team_barrier();
       // The next block's K rows are fetched during this product, its V rows during the other.
-      const int next_first = n + 1 < visits ? pattern.key_block(qb, n + 1) * L : 0;
+      const int next_first = n + 1 < visits ? visited[n + 1] * L : 0;
       const int next_count = n + 1 < visits ? tokens_in_block(next_first, geo.keys, L) : 0;
       // St[j][i] = sum_d K[j][d] Qt[d][i]
       tile_mma<Tiles>(team, k_count, L, D, ks, D, 1, qt, L, st, L, false, [&](int tile, int tiles) {
@@ -319,9 +321,10 @@ struct KeyGradientKernel {
     zero_scratch(team, dkt, D * L);
     zero_scratch(team, dvt, D * L);
 
-    const int visits = pattern.query_block_count(kb);
+    const BlockList visiting = pattern.visiting_query_blocks(b, h, kb);
+    const int visits = visiting.count;
     for (int n = 0; n < visits; ++n) {
-      const int q_first = pattern.query_block(kb, n) * L;
+      const int q_first = visiting[n] * L;
       const int q_count = tokens_in_block(q_first, geo.queries, L);
       team.team_barrier();  // the previous block's products are done with qs, dos, s, dp
       Kokkos::parallel_for(Kokkos::TeamThreadRange(team, q_count), [&](int i) {
@@ -333,7 +336,7 @@ struct KeyGradientKernel {
       });
       team.team_barrier();
       // The next query block's Q rows are fetched during the first product, dO rows during the second.
-      const int next_first = n + 1 < visits ? pattern.query_block(kb, n + 1) * L : 0;
+      const int next_first = n + 1 < visits ? visiting[n + 1] * L : 0;
       const int next_count = n + 1 < visits ? tokens_in_block(next_first, geo.queries, L) : 0;
       // S[i][j] = sum_d Q[i][d] Kt[d][j];  dP[i][j] = sum_d dO[i][d] Vt[d][j]
       tile_mma<Tiles>(team, q_count, L, D, qs, D, 1, kt, L, s, L, false, [&](int tile, int tiles) {
@@ -435,14 +438,15 @@ struct QueryGradientKernel {
       }
     });
 
-    const int visits = pattern.key_block_count(qb);
+    const BlockList visited = pattern.visited_key_blocks(b, h, qb);
+    const int visits = visited.count;
     for (int n = 0; n < visits; ++n) {
-      const int k_first = pattern.key_block(qb, n) * L;
+      const int k_first = visited[n] * L;
       const int k_count = tokens_in_block(k_first, geo.keys, L);
       team.team_barrier();
       load_rows(team, k, v, b, h, k_first, k_count, D, ks, vs);
       team.team_barrier();
-      const int next_first = n + 1 < visits ? pattern.key_block(qb, n + 1) * L : 0;
+      const int next_first = n + 1 < visits ? visited[n + 1] * L : 0;
       const int next_count = n + 1 < visits ? tokens_in_block(next_first, geo.keys, L) : 0;
       // St[j][i] = sum_d K[j][d] Qt[d][i];  dPt[j][i] = sum_d V[j][d] dOt[d][i]
       tile_mma<Tiles>(team, k_count, L, D, ks, D, 1, qt, L, st, L, false, [&](int tile, int tiles) {
