@@ -10,15 +10,17 @@ at the same N (BM_AttentionForward / BM_AttentionForwardBackward).
 
 Masks for SDPA, from the patterns' definitions (block_sparse_patterns.hpp): local window,
 dilated blocks and global + local exactly; top-k from the pooled scores of SDPA's own q and k;
-random with the same number of key blocks per query block, drawn by numpy (SDPA computes every
-block whatever the mask holds, so which blocks are drawn does not change its time).
+random with the same number of key blocks per query block, drawn by torch (SDPA computes every
+block whatever the mask holds, so which blocks are drawn does not change its time). Top-k has a
+mask per head: SDPA then leaves its fused CPU kernel for the math path and its N x N x H
+scores (24 GB at N = 16K), so it runs one head at a time, each with its own mask.
 
 torch is a tool of this script only (perf_tests/with_torch.sh installs it in a private
 virtual environment); nothing in the build or the tests uses it.
 
   compare_block_sparse.py --bench build/release/perf_tests/longattn_bench_attention
                           [--threads 2] [--tokens 16384] [--modes forward forward+backward]
-                          [--json out.json]
+                          [--patterns "random 10%" top_k ...] [--json out.json]
 """
 import argparse
 import json
@@ -94,17 +96,25 @@ def sdpa_seconds(torch, mode, tokens, pattern, percent):
     g = torch.Generator().manual_seed(2026)
     q, k, v, d_o = (torch.rand(1, HEADS, tokens, HEAD_DIM, generator=g) * 2 - 1 for _ in range(4))
     blocks = block_mask(torch, pattern, percent, tokens, q, k)
-    mask = blocks.repeat_interleave(BLOCK, -2).repeat_interleave(BLOCK, -1)
     density = blocks.float().mean().item()
+    # One (q, k, v, dO, mask) per SDPA call: all heads, or one head each for per-head masks.
+    per_head = blocks.dim() == 3
+    heads = [slice(h, h + 1) for h in range(HEADS)] if per_head else [slice(0, HEADS)]
+    calls = [(q[:, s].contiguous(), k[:, s].contiguous(), v[:, s].contiguous(), d_o[:, s].contiguous(),
+              (blocks[s.start] if per_head else blocks).repeat_interleave(BLOCK, 0).repeat_interleave(BLOCK, 1))
+             for s in heads]
     if mode == "forward":
         def step():
             with torch.no_grad():
-                F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+                for q_, k_, v_, _, mask in calls:
+                    F.scaled_dot_product_attention(q_, k_, v_, attn_mask=mask)
     else:
-        q.requires_grad_(), k.requires_grad_(), v.requires_grad_()
+        for q_, k_, v_, _, _ in calls:
+            q_.requires_grad_(), k_.requires_grad_(), v_.requires_grad_()
 
         def step():
-            F.scaled_dot_product_attention(q, k, v, attn_mask=mask).backward(d_o)
+            for q_, k_, v_, d_o_, mask in calls:
+                F.scaled_dot_product_attention(q_, k_, v_, attn_mask=mask).backward(d_o_)
     return seconds_per_step(step, min_time=0), density
 
 
@@ -114,6 +124,7 @@ def main():
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument("--tokens", type=int, default=16384, help="16384 or 65536 (the benchmark's sizes)")
     parser.add_argument("--modes", nargs="+", default=["forward", "forward+backward"])
+    parser.add_argument("--patterns", nargs="+", default=[c[0] for c in CASES], help="a subset of the cases")
     parser.add_argument("--json", help="also write the table here")
     args = parser.parse_args()
 
@@ -127,7 +138,7 @@ def main():
         print(f"\n{mode}: longattn dense {dense:.3f} s")
         print(f"{'pattern':<14} {'density':>8} {'longattn s':>11} {'x dense':>8} {'SDPA+mask s':>12} "
               f"{'SDPA density':>13} {'SDPA / longattn':>16}")
-        for name, pattern, percent in CASES:
+        for name, pattern, percent in (c for c in CASES if c[0] in args.patterns):
             ours, density = longattn_seconds(args.bench, mode, args.tokens, pattern, percent, args.threads)
             theirs, their_density = sdpa_seconds(torch, mode, args.tokens, pattern, percent)
             rows.append(dict(mode=mode, pattern=name, density=density, longattn_s=ours, dense_s=dense,
