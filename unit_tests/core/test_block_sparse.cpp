@@ -178,7 +178,8 @@ void check_pattern(const Case& c, const BlockSparseConfig* config, bool causal, 
   CHECK(relative_error(to_host(dk), dk_ref) <= 4 * tolerance<T>());
   CHECK(relative_error(to_host(dv), dv_ref) <= 4 * tolerance<T>());
   if (!config) {  // the empty row: o = 0, lse = -inf, dq = 0; the empty column: dk = dv = 0
-    const auto o_host = to_host(o), lse_host = to_host(lse), dq_host = to_host(dq), dk_host = to_host(dk);
+    const HostTensor o_host = to_host(o), dq_host = to_host(dq), dk_host = to_host(dk);
+    const HostRows lse_host = to_host(lse);
     const int row = std::min(1, mask.query_blocks - 1) * shape.block;
     CHECK(lse_host(0, 0, row) == -std::numeric_limits<double>::infinity());
     CHECK(o_host(0, row, 0, 0) == 0);

@@ -151,9 +151,11 @@ TEMPLATE_LIST_TEST_CASE("MultiheadAttention forward matches the layer computed n
   using Memory = typename TestType::memory_space;
   std::mt19937_64 rng(longattn::test::test_seed());
   const int B = 2, E = 12, H = 3;
-  for (const auto& [spec, N] : forward_cases)
+  for (const SpecCase& c : forward_cases)
     for (bool causal : {false, true})
       for (bool layer_norm : {true, false}) {
+        const char* spec = c.spec;  // lambdas below capture these (structured bindings: C++20)
+        const int N = c.tokens;
         INFO(spec << (causal ? " causal" : "") << (layer_norm ? " sub-LayerNorm" : "") << ", seed "
                   << longattn::test::test_seed());
         const auto options = module_options(spec, causal, layer_norm);
@@ -186,9 +188,11 @@ TEMPLATE_LIST_TEST_CASE("MultiheadAttention backward matches central finite diff
                             {"dilated:w=4,8;r=1,2;mode=head_groups", 11},
                             {"block_sparse:pattern=local_window;radius=1", 130},
                             {"block_sparse:pattern=top_k;k=2", 130}};
-  for (const auto& [spec, N] : cases)
+  for (const SpecCase& c : cases)
     for (bool causal : {false, true})
       for (bool layer_norm : {true, false}) {
+        const char* spec = c.spec;
+        const int N = c.tokens;
         const int B = N > 64 ? 1 : 2;
         INFO(spec << (causal ? " causal" : "") << (layer_norm ? " sub-LayerNorm" : "") << ", seed "
                   << longattn::test::test_seed());
