@@ -3,7 +3,8 @@
 #
 #   scripts/build.sh <build-dir> [extra CMake arguments...]
 #
-# With LONGATTN_CUDA=1 it builds the CUDA variant (Kokkos CUDA + HOPPER90 through nvcc_wrapper).
+# With LONGATTN_CUDA=1 it builds the CUDA variant (Kokkos CUDA + HOPPER90 through nvcc_wrapper);
+# LONGATTN_TARGETS="t1 t2" builds only those targets.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 [ $# -ge 1 ] || { echo "usage: scripts/build.sh <build-dir> [cmake args...]" >&2; exit 2; }
@@ -21,4 +22,6 @@ if [ "${LONGATTN_CUDA:-0}" = 1 ]; then
 fi
 
 cmake -S "$root" -B "$build_dir" "-DCMAKE_PREFIX_PATH=$deps" "${cmake_args[@]}" "$@" >&2
-cmake --build "$build_dir" -j "$(nproc)" >&2
+targets=()
+for t in ${LONGATTN_TARGETS:-}; do targets+=(--target "$t"); done
+cmake --build "$build_dir" -j "$(nproc)" "${targets[@]}" >&2

@@ -23,10 +23,11 @@ template <class Value>
   throw Error(message.str());
 }
 
-// require(ok, ...) throws the message above when ok is false.
-template <class Value>
-void require(bool ok, const std::string& where, const std::string& name, const Value& value,
-             const std::string& expected) {
+// require(ok, ...) throws the message above when ok is false. The texts are taken as they come
+// (string literals stay pointers), so a check that passes builds no string: require sits on hot
+// paths such as Pool::allocate.
+template <class Where, class Name, class Value, class Expected>
+void require(bool ok, const Where& where, const Name& name, const Value& value, const Expected& expected) {
   if (!ok) throw_invalid_argument(where, name, value, expected);
 }
 

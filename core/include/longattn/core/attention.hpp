@@ -352,8 +352,8 @@ void attention_backward(const ExecSpace& exec, const Q& q, const K& k, const V& 
     const double scale = detail::softmax_scale(opts, geo.head_dim);
     const T scale_log2 = T(scale * detail::log2_e<double>());
     using Memory = typename ExecSpace::memory_space;
-    const auto delta = detail::allocate_workspace<Kokkos::View<T***, Memory>>(
-        exec, "longattn::attention_backward::delta", geo.batch, geo.heads, geo.queries);
+    const auto delta_memory = detail::allocate_workspace<Kokkos::View<T***, Memory>>(geo.batch, geo.heads, geo.queries);
+    const auto& delta = delta_memory.view();
     Kokkos::parallel_for("longattn::attention_backward::delta",
                          Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(
                              exec, 0, std::int64_t(geo.batch) * geo.heads * geo.queries),

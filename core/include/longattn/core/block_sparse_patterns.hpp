@@ -339,9 +339,12 @@ BlockSparseLayout<ExecSpace> top_k_layout(const ExecSpace& exec, const Q& q, con
 
   if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
     const std::int64_t rows = shape.rows();
-    const auto pooled_q = detail::allocate_workspace<Kokkos::View<T**, Memory>>(exec, "longattn::top_k_layout::pooled_q", rows, D);
-    const auto pooled_k = detail::allocate_workspace<Kokkos::View<T**, Memory>>(exec, "longattn::top_k_layout::pooled_k", rows, D);
-    const auto scores = detail::allocate_workspace<Kokkos::View<T*, Memory>>(exec, "longattn::top_k_layout::scores", offsets.back());
+    const auto pooled_q_memory = detail::allocate_workspace<Kokkos::View<T**, Memory>>(rows, D);
+    const auto pooled_k_memory = detail::allocate_workspace<Kokkos::View<T**, Memory>>(rows, D);
+    const auto scores_memory = detail::allocate_workspace<Kokkos::View<T*, Memory>>(offsets.back());
+    const auto pooled_q = pooled_q_memory.view();
+    const auto pooled_k = pooled_k_memory.view();
+    const auto scores = scores_memory.view();
     detail::pool_blocks(exec, q, shape.block, pooled_q);
     detail::pool_blocks(exec, k, shape.block, pooled_k);
     // One thread per row: a min-heap of the best top_k - 1 off-diagonal candidates in the row's

@@ -224,14 +224,16 @@ void dilated_attention_forward(const ExecSpace& exec, const Q& q, const K& k, co
     }
     const bool merged = config.mode == DilatedMode::longnet && passes.back().config > 0;
     using Memory = typename ExecSpace::memory_space;
-    Kokkos::View<T****, Kokkos::LayoutRight, Memory> o_part;
-    Kokkos::View<T***, Kokkos::LayoutRight, Memory> lse_part;
+    memory::PooledView<Kokkos::View<T****, Kokkos::LayoutRight, Memory>> o_part_memory;
+    memory::PooledView<Kokkos::View<T***, Kokkos::LayoutRight, Memory>> lse_part_memory;
     if (merged) {
-      o_part = detail::allocate_workspace<decltype(o_part)>(exec, "longattn::dilated_attention::o_part", geo.batch,
-                                                    geo.queries, geo.heads, geo.head_dim);
-      lse_part = detail::allocate_workspace<decltype(lse_part)>(exec, "longattn::dilated_attention::lse_part",
-                                                        geo.batch, geo.heads, geo.queries);
+      o_part_memory = detail::allocate_workspace<Kokkos::View<T****, Kokkos::LayoutRight, Memory>>(
+          geo.batch, geo.queries, geo.heads, geo.head_dim);
+      lse_part_memory = detail::allocate_workspace<Kokkos::View<T***, Kokkos::LayoutRight, Memory>>(
+          geo.batch, geo.heads, geo.queries);
     }
+    const auto& o_part = o_part_memory.view();
+    const auto& lse_part = lse_part_memory.view();
     detail::for_each_dilated_run(passes, geo.batch, geo.queries, [&](const detail::DilatedPass& pass,
                                                                      const detail::SegmentRun& run, int b) {
       const auto q_run = detail::select_tokens(q, b, pass, run);

@@ -92,9 +92,8 @@ class MultiheadAttention {
     require(options.gamma_init > 0 && std::isfinite(options.gamma_init), where, "options.gamma_init",
             options.gamma_init, "a positive finite number");
     if (spec_.kind == AttentionSpec::Kind::dilated) validate_dilated_config(spec_.dilated, heads, where);
-    const ExecSpace exec;
-    parameters_ = detail::allocate_workspace<Flat>(exec, "longattn::MultiheadAttention::parameters", parameter_count());
-    gradients_ = detail::allocate_workspace<Flat>(exec, "longattn::MultiheadAttention::gradients", parameter_count());
+    parameters_ = detail::allocate_workspace<Flat>(parameter_count());
+    gradients_ = detail::allocate_workspace<Flat>(parameter_count());
     weights_ = carve(parameters_);
     weight_gradients_ = carve(gradients_);
     initialize_parameters();
@@ -116,12 +115,13 @@ class MultiheadAttention {
     const std::size_t E = embed_dim_;
     return 4 * E * E + 4 * E + (options_.sub_layer_norm ? 2 * E : 0);
   }
+  // Views of the module's memory (from the default pool): valid while the module lives.
   Flat parameters() const { return parameters_; }
   Flat gradients() const { return gradients_; }
   const Tensors& weights() const { return weights_; }
   const Tensors& weight_gradients() const { return weight_gradients_; }
 
-  void zero_gradients() { Kokkos::deep_copy(ExecSpace(), gradients_, T(0)); }
+  void zero_gradients() { Kokkos::deep_copy(ExecSpace(), gradients_.view(), T(0)); }
 
   // Bytes forward() keeps for backward() plus backward()'s own buffers, for B sequences of N tokens.
   std::size_t activation_bytes(int batch, std::int64_t tokens) const {
@@ -149,10 +149,10 @@ class MultiheadAttention {
       gemm("N", "T", T(1), x_rows, rows_block(weights_.w_qkv, i), T(1), matrix(qkv_, i));
     }
     run_attention_forward(exec, spec_, heads_view(qkv_, 0), heads_view(qkv_, 1), heads_view(qkv_, 2),
-                          heads_view(attention_out_), lse_, attention_options());
+                          heads_view(attention_out_), lse_.view(), attention_options());
     if (options_.sub_layer_norm)
       layer_norm_forward(exec, matrix(attention_out_), weights_.ln_gamma, weights_.ln_beta, options_.layer_norm_eps,
-                         matrix(normalized_), mean_, rstd_);
+                         matrix(normalized_), mean_.view(), rstd_.view());
     detail::broadcast_rows(exec, weights_.b_out, rows_of(y));
     gemm("N", "T", T(1), projection_input(), weights_.w_out, T(1), rows_of(y));
   }
@@ -169,19 +169,19 @@ class MultiheadAttention {
     const auto x_rows = rows_of(x_);
     const Tensors& grad = weight_gradients_;
     // Output projection: db_out += colsum(dy), dW_out += dy^T Z, dZ = dy W_out.
-    KokkosBlas::gemv("T", T(1), dy_rows, ones_, T(1), grad.b_out);
+    KokkosBlas::gemv("T", T(1), dy_rows, ones_.view(), T(1), grad.b_out);
     gemm("T", "N", T(1), dy_rows, projection_input(), T(1), grad.w_out);
     gemm("N", "N", T(1), dy_rows, weights_.w_out, T(0), matrix(d_projection_));
     if (options_.sub_layer_norm)
-      layer_norm_backward(exec, matrix(d_projection_), matrix(attention_out_), weights_.ln_gamma, mean_, rstd_,
-                          matrix(d_attention_), grad.ln_gamma, grad.ln_beta);
+      layer_norm_backward(exec, matrix(d_projection_), matrix(attention_out_), weights_.ln_gamma, mean_.view(),
+                          rstd_.view(), matrix(d_attention_), grad.ln_gamma, grad.ln_beta);
     const auto& d_attention = options_.sub_layer_norm ? d_attention_ : d_projection_;
     run_attention_backward(exec, spec_, heads_view(qkv_, 0), heads_view(qkv_, 1), heads_view(qkv_, 2),
-                           heads_view(attention_out_), heads_view(d_attention), lse_, heads_view(d_qkv_, 0),
+                           heads_view(attention_out_), heads_view(d_attention), lse_.view(), heads_view(d_qkv_, 0),
                            heads_view(d_qkv_, 1), heads_view(d_qkv_, 2), attention_options());
     // Projections: db_i += colsum(dQ_i), dW_i += dQ_i^T x, dx = sum_i dQ_i W_i.
     for (int i = 0; i < 3; ++i) {
-      KokkosBlas::gemv("T", T(1), matrix(d_qkv_, i), ones_, T(1), slice(grad.b_qkv, i));
+      KokkosBlas::gemv("T", T(1), matrix(d_qkv_, i), ones_.view(), T(1), slice(grad.b_qkv, i));
       gemm("T", "N", T(1), matrix(d_qkv_, i), x_rows, T(1), rows_block(grad.w_qkv, i));
       gemm("N", "N", T(1), matrix(d_qkv_, i), rows_block(weights_.w_qkv, i), T(i == 0 ? 0 : 1), rows_of(dx));
     }
@@ -218,7 +218,7 @@ class MultiheadAttention {
 
   // MAGNETO: Xavier-normal std = gain * sqrt(2 / (fan_in + fan_out)) = gain / sqrt(E).
   void initialize_parameters() {
-    const auto host = Kokkos::create_mirror_view(parameters_);
+    const auto host = Kokkos::create_mirror_view(parameters_.view());
     const std::size_t E = embed_dim_;
     std::mt19937_64 rng(options_.seed);
     std::normal_distribution<double> normal(0.0, 1.0 / std::sqrt(double(E)));
@@ -231,28 +231,32 @@ class MultiheadAttention {
       for (std::size_t i = 0; i < E; ++i) *p++ = T(1);
       for (std::size_t i = 0; i < E; ++i) *p++ = T(0);
     }
-    Kokkos::deep_copy(parameters_, host);
+    Kokkos::deep_copy(parameters_.view(), host);
   }
 
-  // (Re)allocates the activations for B sequences of N tokens.
+  // (Re)allocates the activations for B sequences of N tokens (the previous ones go back to the
+  // pool first, so a changed length reuses their memory).
   void reserve(const ExecSpace& exec, int batch, std::int64_t tokens) {
     if (batch == batch_ && tokens == tokens_) return;
     batch_ = batch;
     tokens_ = tokens;
+    qkv_ = d_qkv_ = {};
+    attention_out_ = normalized_ = d_projection_ = d_attention_ = {};
+    lse_ = {};
+    mean_ = rstd_ = ones_ = {};
     const std::size_t rows = std::size_t(batch) * tokens, E = embed_dim_;
-    const std::string label = "longattn::MultiheadAttention::";
-    qkv_ = detail::allocate_workspace<Projections>(exec, label + "qkv", 3, rows, E);
-    attention_out_ = detail::allocate_workspace<Activations>(exec, label + "attention", rows, E);
-    lse_ = detail::allocate_workspace<Kokkos::View<T***, memory_space>>(exec, label + "lse", batch, heads_, tokens);
-    d_projection_ = detail::allocate_workspace<Activations>(exec, label + "d_projection", rows, E);
-    d_qkv_ = detail::allocate_workspace<Projections>(exec, label + "d_qkv", 3, rows, E);
-    ones_ = detail::allocate_workspace<RowValues>(exec, label + "ones", rows);
-    Kokkos::deep_copy(exec, ones_, T(1));
+    qkv_ = detail::allocate_workspace<Projections>(3, rows, E);
+    attention_out_ = detail::allocate_workspace<Activations>(rows, E);
+    lse_ = detail::allocate_workspace<Kokkos::View<T***, memory_space>>(batch, heads_, tokens);
+    d_projection_ = detail::allocate_workspace<Activations>(rows, E);
+    d_qkv_ = detail::allocate_workspace<Projections>(3, rows, E);
+    ones_ = detail::allocate_workspace<RowValues>(rows);
+    Kokkos::deep_copy(exec, ones_.view(), T(1));
     if (options_.sub_layer_norm) {
-      normalized_ = detail::allocate_workspace<Activations>(exec, label + "normalized", rows, E);
-      d_attention_ = detail::allocate_workspace<Activations>(exec, label + "d_attention", rows, E);
-      mean_ = detail::allocate_workspace<RowValues>(exec, label + "mean", rows);
-      rstd_ = detail::allocate_workspace<RowValues>(exec, label + "rstd", rows);
+      normalized_ = detail::allocate_workspace<Activations>(rows, E);
+      d_attention_ = detail::allocate_workspace<Activations>(rows, E);
+      mean_ = detail::allocate_workspace<RowValues>(rows);
+      rstd_ = detail::allocate_workspace<RowValues>(rows);
     }
   }
 
@@ -290,16 +294,16 @@ class MultiheadAttention {
   int embed_dim_, heads_;
   MultiheadAttentionOptions options_;
   AttentionSpec spec_;
-  Flat parameters_, gradients_;
+  memory::PooledView<Flat> parameters_, gradients_;
   Tensors weights_, weight_gradients_;
 
   int batch_ = 0;
   std::int64_t tokens_ = 0;
   ConstTokens x_;
-  Projections qkv_, d_qkv_;
-  Activations attention_out_, normalized_, d_projection_, d_attention_;
-  Kokkos::View<T***, memory_space> lse_;
-  RowValues mean_, rstd_, ones_;
+  memory::PooledView<Projections> qkv_, d_qkv_;
+  memory::PooledView<Activations> attention_out_, normalized_, d_projection_, d_attention_;
+  memory::PooledView<Kokkos::View<T***, memory_space>> lse_;
+  memory::PooledView<RowValues> mean_, rstd_, ones_;
 };
 
 // The factory: a module running the attention `spec` names ("dense", "dilated:w=...;r=...",

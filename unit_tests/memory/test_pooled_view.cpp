@@ -1,0 +1,97 @@
+// PooledView: a View over a pool block, returned when the last copy goes (even after every Pool
+// handle is gone); kernels run on it like on any View; the default pools.
+#include <catch2/catch.hpp>
+
+#include <string>
+#include <vector>
+
+#include "execution_spaces.hpp"
+#include "longattn/memory/pooled_view.hpp"
+
+namespace {
+using longattn::memory::Pool;
+using longattn::memory::PooledView;
+}  // namespace
+
+TEMPLATE_LIST_TEST_CASE("a PooledView holds its block until its last copy goes", "[memory][pooled_view]",
+                        longattn::test::ExecutionSpaces) {
+  using Exec = TestType;
+  using Space = typename Exec::memory_space;
+  using Matrix = Kokkos::View<double**, Kokkos::LayoutRight, Space>;
+  const Pool<Space> pool;
+  {
+    const PooledView<Matrix> a(pool, 37, 11);
+    CHECK(a.extent(0) == 37);
+    CHECK(a.extent(1) == 11);
+    CHECK(a.bytes() == 37 * 11 * sizeof(double));
+    CHECK(pool.stats().in_use_bytes == longattn::memory::block_bytes(a.bytes()));
+    CHECK(pool.block_size(a.data()) == longattn::memory::block_bytes(a.bytes()));
+    const Matrix view = a;  // converts: the kernel sees an ordinary View
+    Kokkos::parallel_for(
+        Kokkos::RangePolicy<Exec>(0, 37), KOKKOS_LAMBDA(int i) {
+          for (int j = 0; j < 11; ++j) view(i, j) = i * 100 + j;
+        });
+    double sum = 0;
+    Kokkos::parallel_reduce(
+        Kokkos::RangePolicy<Exec>(0, 37),
+        KOKKOS_LAMBDA(int i, double& s) {
+          for (int j = 0; j < 11; ++j) s += view(i, j);
+        },
+        sum);
+    CHECK(sum == 11 * 100 * (36 * 37 / 2) + 37 * (10 * 11 / 2));
+    {
+      const PooledView<Matrix> copy = a;  // shares the block
+      CHECK(copy.data() == a.data());
+    }
+    CHECK(pool.stats().in_use_bytes > 0);  // a still holds it
+  }
+  CHECK(pool.stats().in_use_bytes == 0);
+
+  const PooledView<Kokkos::View<float*, Space>> empty(pool, 0);
+  CHECK(empty.data() == nullptr);
+  CHECK(empty.size() == 0);
+  CHECK(pool.stats().allocations == 1);  // nothing allocated for zero elements
+}
+
+TEST_CASE("a PooledView outlives every handle of its pool", "[memory][pooled_view]") {
+  PooledView<Kokkos::View<int*, Kokkos::HostSpace>> survivor;
+  std::vector<std::string> warnings;
+  const auto previous = longattn::memory::set_warning_handler([&](const std::string& m) { warnings.push_back(m); });
+  {
+    const Pool<Kokkos::HostSpace> pool;
+    survivor = PooledView<Kokkos::View<int*, Kokkos::HostSpace>>(pool, 1000);
+  }
+  for (int i = 0; i < 1000; ++i) survivor.view()(i) = i;  // the block is still valid
+  CHECK(survivor.view()(999) == 999);
+  survivor = {};  // the pool goes with its last block, having nothing left lent: no warning
+  longattn::memory::set_warning_handler(previous);
+  CHECK(warnings.empty());
+}
+
+TEST_CASE("a pool destroyed with blocks still lent says so", "[memory][pooled_view]") {
+  std::vector<std::string> warnings;
+  const auto previous = longattn::memory::set_warning_handler([&](const std::string& m) { warnings.push_back(m); });
+  {
+    longattn::memory::PoolOptions options;
+    options.label = "leaky";
+    const Pool<Kokkos::HostSpace> pool(options);
+    (void)pool.allocate(4096);
+  }
+  longattn::memory::set_warning_handler(previous);
+  REQUIRE(warnings.size() == 1);
+  CHECK_THAT(warnings[0], Catch::Contains("memory pool 'leaky' destroyed while 4.0 KiB of its blocks were still lent"));
+}
+
+TEMPLATE_LIST_TEST_CASE("the default pool of a memory space is one pool", "[memory][pooled_view]",
+                        longattn::test::ExecutionSpaces) {
+  using Space = typename TestType::memory_space;
+  auto& pool = longattn::memory::default_pool<Space>();
+  CHECK(&pool == &longattn::memory::default_pool<Space>());
+  CHECK_THAT(pool.label(), Catch::Contains("longattn::default_pool<"));
+  const std::size_t before = pool.stats().in_use_bytes;
+  {
+    const PooledView<Kokkos::View<float***, Space>> t(pool, 3, 5, 7);
+    CHECK(pool.stats().in_use_bytes == before + longattn::memory::block_bytes(3 * 5 * 7 * sizeof(float)));
+  }
+  CHECK(pool.stats().in_use_bytes == before);
+}
