@@ -8,6 +8,9 @@
 #include <cstring>
 
 #include "longattn/error.hpp"
+#if LONGATTN_HAVE_MPI
+#include "communicator_state.hpp"
+#endif
 
 #if LONGATTN_HAVE_NCCL
 #include <nccl.h>
@@ -39,16 +42,6 @@ std::string allowed_cpus() {
   return out;
 }
 
-#if LONGATTN_HAVE_MPI
-void check(int code, const char* call) {
-  if (code == MPI_SUCCESS) return;
-  std::array<char, MPI_MAX_ERROR_STRING> text{};
-  int length = 0;
-  MPI_Error_string(code, text.data(), &length);
-  throw Error(std::string("longattn::parallel: ") + call + " failed: " + text.data());
-}
-#endif
-
 }  // namespace
 
 Placement local_placement() {
@@ -62,28 +55,9 @@ Placement local_placement() {
 Placement gather_placement(MPI_Comm comm) {
   require(comm != MPI_COMM_NULL, "longattn::parallel::gather_placement", "comm", "MPI_COMM_NULL",
           "a valid communicator");
-  int rank = 0, size = 0;
-  check(MPI_Comm_rank(comm, &rank), "MPI_Comm_rank");
-  check(MPI_Comm_size(comm, &size), "MPI_Comm_size");
-
-  MPI_Comm node_comm;
-  check(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node_comm),
-        "MPI_Comm_split_type");
-  int local_rank = 0, local_size = 0;
-  MPI_Comm_rank(node_comm, &local_rank);
-  MPI_Comm_size(node_comm, &local_size);
-  // Node index: the rank of this node's leader among all leaders, shared inside the node.
-  MPI_Comm leaders;
-  check(MPI_Comm_split(comm, local_rank == 0 ? 0 : MPI_UNDEFINED, rank, &leaders), "MPI_Comm_split");
-  int node = 0, nodes = 0;
-  if (leaders != MPI_COMM_NULL) {
-    MPI_Comm_rank(leaders, &node);
-    MPI_Comm_size(leaders, &nodes);
-    MPI_Comm_free(&leaders);
-  }
-  MPI_Bcast(&node, 1, MPI_INT, 0, node_comm);
-  MPI_Bcast(&nodes, 1, MPI_INT, 0, node_comm);
-  MPI_Comm_free(&node_comm);
+  CommunicatorOptions options;
+  options.on_error = ErrorPolicy::throw_error;  // every rank calls this alike
+  const Communicator ranks = Communicator::from_mpi(comm, options);  // the node split
 
   // Fixed-size records so one MPI_Allgather moves everything.
   struct Record {
@@ -92,19 +66,19 @@ Placement gather_placement(MPI_Comm comm) {
     char cpus[128];
   };
   Record mine{};
-  mine.node = node;
-  mine.local_rank = local_rank;
-  mine.local_size = local_size;
+  mine.node = ranks.node();
+  mine.local_rank = ranks.local_rank();
+  mine.local_size = ranks.local_size();
   std::strncpy(mine.host, host_name().c_str(), sizeof(mine.host) - 1);
   std::strncpy(mine.cpus, allowed_cpus().c_str(), sizeof(mine.cpus) - 1);
-  std::vector<Record> all(static_cast<std::size_t>(size));
-  check(MPI_Allgather(&mine, sizeof(Record), MPI_BYTE, all.data(), sizeof(Record), MPI_BYTE, comm),
-        "MPI_Allgather");
+  std::vector<Record> all(static_cast<std::size_t>(ranks.size()));
+  detail::check_mpi(MPI_Allgather(&mine, sizeof(Record), MPI_BYTE, all.data(), sizeof(Record), MPI_BYTE, ranks.mpi()),
+                    "MPI_Allgather");
 
   Placement p;
-  p.size = size;
-  p.nodes = nodes;
-  for (int r = 0; r < size; ++r) {
+  p.size = ranks.size();
+  p.nodes = ranks.nodes();
+  for (int r = 0; r < ranks.size(); ++r) {
     const Record& rec = all[static_cast<std::size_t>(r)];
     p.ranks.push_back(RankPlacement{r, rec.host, rec.node, rec.local_rank, rec.local_size, rec.cpus});
   }
@@ -116,7 +90,7 @@ MpiSession::MpiSession(int& argc, char**& argv) {
   MPI_Initialized(&initialized);
   if (initialized) return;
   int provided = 0;
-  check(MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided), "MPI_Init_thread");
+  detail::check_mpi(MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided), "MPI_Init_thread");
   owns_mpi_ = true;
 }
 

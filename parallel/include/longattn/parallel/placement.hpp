@@ -1,7 +1,7 @@
 #pragma once
 // Where the ranks of a job run: host, node index, rank within the node, and the CPUs each
-// rank may use. Nodes are found with MPI_Comm_split_type(MPI_COMM_TYPE_SHARED), the same
-// split the hierarchical all-reduce uses.
+// rank may use. Nodes are a Communicator's (communicator.hpp): MPI_Comm_split_type, or the
+// simulated ones of LONGATTN_RANKS_PER_NODE, as the hierarchical all-reduce sees them.
 #include <string>
 #include <vector>
 

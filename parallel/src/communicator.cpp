@@ -1,0 +1,597 @@
+// Communicator over MPI: node discovery (or simulation), sub-communicators, the collectives on
+// host memory, the hierarchical all-reduce (blocking, and staged for nonblocking use), the
+// error policy.
+#include "longattn/parallel/communicator.hpp"
+
+#include <algorithm>
+#include <array>
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <sstream>
+
+#include "communicator_state.hpp"
+#include "longattn/memory/pooled_view.hpp"
+
+namespace longattn::parallel {
+
+std::string to_string(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum: return "sum";
+    case ReduceOp::average: return "average";
+    case ReduceOp::max: return "max";
+    case ReduceOp::min: return "min";
+  }
+  return "?";
+}
+
+std::string to_string(DataType type) {
+  switch (type) {
+    case DataType::float32: return "float32";
+    case DataType::float64: return "float64";
+    case DataType::int32: return "int32";
+    case DataType::int64: return "int64";
+    case DataType::uint8: return "uint8";
+  }
+  return "?";
+}
+
+std::size_t size_of(DataType type) {
+  switch (type) {
+    case DataType::float32: return 4;
+    case DataType::float64: return 8;
+    case DataType::int32: return 4;
+    case DataType::int64: return 8;
+    case DataType::uint8: return 1;
+  }
+  return 0;
+}
+
+namespace detail {
+
+void check_mpi(int code, const char* call) {
+  if (code == MPI_SUCCESS) return;
+  std::array<char, MPI_MAX_ERROR_STRING> text{};
+  int length = 0;
+  MPI_Error_string(code, text.data(), &length);
+  throw Error(std::string("longattn::parallel: ") + call + " failed: " + text.data());
+}
+
+MPI_Datatype mpi_type(DataType type) {
+  switch (type) {
+    case DataType::float32: return MPI_FLOAT;
+    case DataType::float64: return MPI_DOUBLE;
+    case DataType::int32: return MPI_INT32_T;
+    case DataType::int64: return MPI_INT64_T;
+    case DataType::uint8: return MPI_UINT8_T;
+  }
+  return MPI_DATATYPE_NULL;
+}
+
+MPI_Op mpi_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum:
+    case ReduceOp::average: return MPI_SUM;  // then scaled by 1 / size
+    case ReduceOp::max: return MPI_MAX;
+    case ReduceOp::min: return MPI_MIN;
+  }
+  return MPI_OP_NULL;
+}
+
+// Messages are built only on failure: this runs on every call.
+void check_buffers(const char* where, const void* send, const void* recv, std::size_t count, DataType type, ReduceOp op) {
+  if (count > 0 && !send) throw_invalid_argument(where, "send", "nullptr", "a buffer of " + std::to_string(count) + " elements");
+  if (count > 0 && !recv) throw_invalid_argument(where, "recv", "nullptr", "a buffer of " + std::to_string(count) + " elements");
+  if (op == ReduceOp::average && type != DataType::float32 && type != DataType::float64)
+    throw_invalid_argument(where, "op", "average of " + to_string(type),
+                           "sum, max or min for integers (average is for float and double)");
+}
+
+// The average's last step: the sum divided by the group's size.
+void scale(void* data, std::size_t count, DataType type, int ranks) {
+  if (type == DataType::float32) {
+    auto* v = static_cast<float*>(data);
+    const float f = 1.0f / float(ranks);
+    for (std::size_t i = 0; i < count; ++i) v[i] *= f;
+  } else {
+    auto* v = static_cast<double*>(data);
+    const double f = 1.0 / double(ranks);
+    for (std::size_t i = 0; i < count; ++i) v[i] *= f;
+  }
+}
+
+CommunicatorState::~CommunicatorState() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized) return;  // MPI is gone, and its communicators with it
+  for (MPI_Comm* c : {&staged_gather, &staged_cross, &staged_scatter, &cross, &local, &comm})
+    if (*c != MPI_COMM_NULL) MPI_Comm_free(c);
+#if LONGATTN_HAVE_NCCL
+  destroy_nccl();
+#endif
+}
+
+// Groups `comm` into nodes. node_label < 0: the ranks that share memory; otherwise ranks with
+// the same label form a node. Nodes are numbered by their lowest rank.
+std::shared_ptr<CommunicatorState> make_state(MPI_Comm parent, int node_label, const CommunicatorOptions& options) {
+  auto s = std::make_shared<CommunicatorState>();
+  s->options = options;
+  check_mpi(MPI_Comm_dup(parent, &s->comm), "MPI_Comm_dup");
+  MPI_Comm_set_errhandler(s->comm, MPI_ERRORS_RETURN);
+  check_mpi(MPI_Comm_rank(s->comm, &s->rank), "MPI_Comm_rank");
+  check_mpi(MPI_Comm_size(s->comm, &s->size), "MPI_Comm_size");
+  if (node_label < 0)
+    check_mpi(MPI_Comm_split_type(s->comm, MPI_COMM_TYPE_SHARED, s->rank, MPI_INFO_NULL, &s->local),
+              "MPI_Comm_split_type");
+  else
+    check_mpi(MPI_Comm_split(s->comm, node_label, s->rank, &s->local), "MPI_Comm_split");
+  MPI_Comm_set_errhandler(s->local, MPI_ERRORS_RETURN);
+  MPI_Comm_rank(s->local, &s->local_rank);
+  MPI_Comm_size(s->local, &s->local_size);
+  MPI_Comm leaders = MPI_COMM_NULL;
+  check_mpi(MPI_Comm_split(s->comm, s->local_rank == 0 ? 0 : MPI_UNDEFINED, s->rank, &leaders), "MPI_Comm_split");
+  if (leaders != MPI_COMM_NULL) {
+    MPI_Comm_rank(leaders, &s->node);
+    MPI_Comm_size(leaders, &s->nodes);
+    MPI_Comm_free(&leaders);
+  }
+  check_mpi(MPI_Bcast(&s->node, 1, MPI_INT, 0, s->local), "MPI_Bcast");
+  check_mpi(MPI_Bcast(&s->nodes, 1, MPI_INT, 0, s->local), "MPI_Bcast");
+  s->node_of_rank.resize(std::size_t(s->size));
+  check_mpi(MPI_Allgather(&s->node, 1, MPI_INT, s->node_of_rank.data(), 1, MPI_INT, s->comm), "MPI_Allgather");
+  int smallest = s->local_size, largest = s->local_size;
+  MPI_Allreduce(MPI_IN_PLACE, &smallest, 1, MPI_INT, MPI_MIN, s->comm);
+  MPI_Allreduce(MPI_IN_PLACE, &largest, 1, MPI_INT, MPI_MAX, s->comm);
+  s->uniform = smallest == largest;
+  check_mpi(MPI_Comm_split(s->comm, s->local_rank, s->node, &s->cross), "MPI_Comm_split");
+  MPI_Comm_set_errhandler(s->cross, MPI_ERRORS_RETURN);
+  if (s->nodes > 1 && s->local_size > 1 && s->uniform) {
+    check_mpi(MPI_Comm_dup(s->local, &s->staged_scatter), "MPI_Comm_dup");
+    check_mpi(MPI_Comm_dup(s->cross, &s->staged_cross), "MPI_Comm_dup");
+    check_mpi(MPI_Comm_dup(s->local, &s->staged_gather), "MPI_Comm_dup");
+  }
+  return s;
+}
+
+// Blocks of `count` elements over `parts` ranks: sizes differ by at most one; counts are ints
+// (MPI's), so callers cut messages into pieces of at most max_piece elements first.
+struct Blocks {
+  std::vector<int> counts, displacements;
+  Blocks(std::size_t count, int parts) : counts(std::size_t(parts)), displacements(std::size_t(parts)) {
+    int offset = 0;
+    for (int i = 0; i < parts; ++i) {
+      counts[std::size_t(i)] = int(count / std::size_t(parts) + (std::size_t(i) < count % std::size_t(parts)));
+      displacements[std::size_t(i)] = offset;
+      offset += counts[std::size_t(i)];
+    }
+  }
+};
+constexpr std::size_t max_piece = std::size_t(1) << 30;
+
+// A staged hierarchical all-reduce of one piece: reduce-scatter inside the node into a block of
+// scratch (started at once), all-reduce of that block across nodes, all-gather inside the node;
+// then the scaling of an average. Only the oldest unfinished operation of a communicator moves
+// past its first stage (CommunicatorState::staged).
+class HierarchicalStages final : public PendingOperation {
+ public:
+  HierarchicalStages(std::shared_ptr<CommunicatorState> state, const void* send, void* recv, std::size_t count,
+                     DataType type, ReduceOp op)
+      : state_(std::move(state)), send_(send), recv_(recv), count_(count), type_(type), op_(op),
+        blocks_(count, state_->local_size),
+        scratch_(memory::default_pool<Kokkos::HostSpace>(),
+                 std::max<std::size_t>(1, std::size_t(blocks_.counts[0]) * size_of(type))) {
+    start_stage();
+    state_->staged.push_back(this);
+  }
+  ~HierarchicalStages() override {
+    if (stage_ < done) wait();
+  }
+
+  bool test() override { return progress(false); }
+  void wait() override { progress(true); }
+
+ private:
+  enum Stage { reduce_scatter_in_node, all_reduce_across_nodes, all_gather_in_node, done };
+
+  // Moves the operations ahead of this one, then this one, as far as they go (blocking: to the end).
+  bool progress(bool blocking) {
+    while (stage_ < done) {
+      HierarchicalStages* oldest = state_->staged.front();
+      if (!oldest->advance(blocking)) return false;
+      state_->staged.pop_front();
+    }
+    return true;
+  }
+
+  // This operation's stages, each started when the one before is done; true once all are.
+  bool advance(bool blocking) {
+    while (stage_ < done) {
+      int finished = 1;
+      if (blocking) check_mpi(MPI_Wait(&request_, MPI_STATUS_IGNORE), "MPI_Wait");
+      else check_mpi(MPI_Test(&request_, &finished, MPI_STATUS_IGNORE), "MPI_Test");
+      if (!finished) return false;
+      ++stage_;
+      start_stage();
+    }
+    return true;
+  }
+
+  void start_stage() {
+    const MPI_Datatype t = mpi_type(type_);
+    void* block = scratch_.data();
+    const int mine = blocks_.counts[std::size_t(state_->local_rank)];
+    switch (stage_) {
+      case reduce_scatter_in_node:
+        check_mpi(MPI_Ireduce_scatter(send_, block, blocks_.counts.data(), t, mpi_op(op_), state_->staged_scatter,
+                                      &request_),
+                  "MPI_Ireduce_scatter");
+        break;
+      case all_reduce_across_nodes:
+        check_mpi(MPI_Iallreduce(MPI_IN_PLACE, block, mine, t, mpi_op(op_), state_->staged_cross, &request_),
+                  "MPI_Iallreduce");
+        break;
+      case all_gather_in_node:
+        check_mpi(MPI_Iallgatherv(block, mine, t, recv_, blocks_.counts.data(), blocks_.displacements.data(), t,
+                                  state_->staged_gather, &request_),
+                  "MPI_Iallgatherv");
+        break;
+      case done:
+        if (op_ == ReduceOp::average) scale(recv_, count_, type_, state_->size);
+        break;
+    }
+  }
+
+  std::shared_ptr<CommunicatorState> state_;
+  const void* send_;
+  void* recv_;
+  std::size_t count_;
+  DataType type_;
+  ReduceOp op_;
+  Blocks blocks_;
+  memory::PooledView<Kokkos::View<unsigned char*, Kokkos::HostSpace>> scratch_;
+  MPI_Request request_ = MPI_REQUEST_NULL;
+  int stage_ = reduce_scatter_in_node;
+};
+
+// One MPI request (point-to-point, a flat nonblocking all-reduce), with the average's scaling.
+class SingleRequest final : public PendingOperation {
+ public:
+  SingleRequest(MPI_Request request, void* scale_data = nullptr, std::size_t count = 0,
+                DataType type = DataType::float32, int ranks = 1)
+      : request_(request), scale_data_(scale_data), count_(count), type_(type), ranks_(ranks) {}
+  ~SingleRequest() override {
+    if (request_ != MPI_REQUEST_NULL) MPI_Wait(&request_, MPI_STATUS_IGNORE);
+  }
+  bool test() override {
+    if (request_ == MPI_REQUEST_NULL) return true;
+    int finished = 0;
+    check_mpi(MPI_Test(&request_, &finished, MPI_STATUS_IGNORE), "MPI_Test");
+    if (finished) complete();
+    return finished != 0;
+  }
+  void wait() override {
+    if (request_ == MPI_REQUEST_NULL) return;
+    check_mpi(MPI_Wait(&request_, MPI_STATUS_IGNORE), "MPI_Wait");
+    complete();
+  }
+
+ private:
+  void complete() {
+    if (scale_data_) scale(scale_data_, count_, type_, ranks_);
+    scale_data_ = nullptr;
+  }
+  MPI_Request request_;
+  void* scale_data_;
+  std::size_t count_;
+  DataType type_;
+  int ranks_;
+};
+
+// Several operations as one (a message cut into pieces).
+class OperationGroup final : public PendingOperation {
+ public:
+  explicit OperationGroup(std::vector<std::unique_ptr<PendingOperation>> parts) : parts_(std::move(parts)) {}
+  bool test() override {
+    bool all = true;
+    for (auto& p : parts_) all = p->test() && all;
+    return all;
+  }
+  void wait() override {
+    for (auto& p : parts_) p->wait();
+  }
+
+ private:
+  std::vector<std::unique_ptr<PendingOperation>> parts_;
+};
+
+}  // namespace detail
+
+using detail::check_buffers;
+using detail::check_mpi;
+using detail::mpi_op;
+using detail::mpi_type;
+
+// ------------------------------------------------------------------------------ Request
+Request& Request::operator=(Request&& other) noexcept {
+  if (this != &other) {
+    if (operation_) operation_->wait();
+    operation_ = std::move(other.operation_);
+  }
+  return *this;
+}
+
+Request::~Request() {
+  if (!operation_) return;
+  try {
+    operation_->wait();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "longattn::parallel: a request failed while its owner went away: %s\n", e.what());
+  }
+}
+
+void Request::wait() {
+  if (!operation_) return;
+  operation_->wait();
+  operation_.reset();
+}
+
+bool Request::test() {
+  if (!operation_) return true;
+  if (!operation_->test()) return false;
+  operation_.reset();
+  return true;
+}
+
+// ------------------------------------------------------------------------------ construction
+namespace {
+
+int simulated_ranks_per_node(const CommunicatorOptions& options) {
+  if (options.ranks_per_node != 0) return options.ranks_per_node;
+  const char* text = std::getenv("LONGATTN_RANKS_PER_NODE");
+  if (!text || !*text) return 0;
+  char* end = nullptr;
+  const long value = std::strtol(text, &end, 10);
+  if (*end != '\0' || value < 1 || value > INT_MAX)
+    throw_invalid_argument("longattn::parallel::Communicator", "LONGATTN_RANKS_PER_NODE", std::string("\"") + text + "\"",
+                           "a positive number of ranks per simulated node");
+  return int(value);
+}
+
+}  // namespace
+
+Communicator Communicator::from_mpi(MPI_Comm comm, const CommunicatorOptions& options) {
+  const char* where = "longattn::parallel::Communicator";
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  require(initialized != 0, where, "MPI", "not initialized", "MPI_Init first (longattn::parallel::MpiSession)");
+  require(comm != MPI_COMM_NULL, where, "comm", "MPI_COMM_NULL", "a valid communicator");
+  require(options.ranks_per_node >= 0, where, "options.ranks_per_node", options.ranks_per_node,
+          "0 (the real nodes) or the ranks of a simulated node");
+  const int per_node = simulated_ranks_per_node(options);
+  int rank = 0;
+  check_mpi(MPI_Comm_rank(comm, &rank), "MPI_Comm_rank");
+  return Communicator(detail::make_state(comm, per_node > 0 ? rank / per_node : -1, options));
+}
+
+Communicator Communicator::world(const CommunicatorOptions& options) { return from_mpi(MPI_COMM_WORLD, options); }
+
+Communicator Communicator::split(int color, int key) const {
+  const char* where = "longattn::parallel::Communicator::split";
+  MPI_Comm part = MPI_COMM_NULL;
+  guarded(where, [&] {
+    require(color >= 0, where, "color", color, "a color >= 0");
+    check_mpi(MPI_Comm_split(state_->comm, color, key, &part), "MPI_Comm_split");
+  });
+  // Nodes carry over: the members of a node stay together in the part.
+  Communicator result(detail::make_state(part, state_->node, state_->options));
+  MPI_Comm_free(&part);
+  return result;
+}
+
+int Communicator::rank() const { return state_->rank; }
+int Communicator::size() const { return state_->size; }
+int Communicator::node() const { return state_->node; }
+int Communicator::nodes() const { return state_->nodes; }
+int Communicator::local_rank() const { return state_->local_rank; }
+int Communicator::local_size() const { return state_->local_size; }
+bool Communicator::uniform_nodes() const { return state_->uniform; }
+const CommunicatorOptions& Communicator::options() const { return state_->options; }
+MPI_Comm Communicator::mpi() const { return state_->comm; }
+
+// ------------------------------------------------------------------------------ errors
+void Communicator::fail(const char* where, const std::string& message) const {
+  if (state_->options.on_error == ErrorPolicy::throw_error) {
+    if (message.rfind(where, 0) == 0 || message.rfind("longattn::", 0) == 0) throw Error(message);
+    throw Error(std::string(where) + ": " + message);
+  }
+  std::fprintf(stderr,
+               "longattn::parallel: rank %d of %d: %s\n"
+               "longattn::parallel: aborting the job (MPI_Abort) so that the other ranks do not wait for this one\n",
+               state_->rank, state_->size, message.c_str());
+  std::fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, 1);
+  std::abort();  // MPI_Abort does not return
+}
+
+// With verify_collectives: every rank brings (count, type, op); a difference is an error on
+// every rank at once, so no rank is left waiting.
+void Communicator::verify(const char* where, std::size_t count, DataType type, int op) const {
+  if (!state_->options.verify_collectives) return;
+  const std::int64_t mine[3] = {std::int64_t(count), std::int64_t(type), std::int64_t(op)};
+  std::int64_t high[3], low[3];
+  check_mpi(MPI_Allreduce(mine, high, 3, MPI_INT64_T, MPI_MAX, state_->comm), "MPI_Allreduce");
+  check_mpi(MPI_Allreduce(mine, low, 3, MPI_INT64_T, MPI_MIN, state_->comm), "MPI_Allreduce");
+  const char* names[3] = {"count", "type", "op"};
+  for (int i = 0; i < 3; ++i)
+    if (high[i] != low[i]) {
+      std::ostringstream message;
+      message << where << ": argument '" << names[i] << "' differs between ranks (from " << low[i] << " to " << high[i]
+              << "), expected the same on every rank of the communicator";
+      throw Error(message.str());
+    }
+}
+
+
+// ------------------------------------------------------------------------------ collectives
+void Communicator::all_reduce(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op) const {
+  const char* where = "longattn::parallel::Communicator::all_reduce";
+  guarded(where, [&] {
+    check_buffers(where, send, recv, count, type, op);
+    verify(where, count, type, int(op));
+    const std::size_t bytes = size_of(type);
+    for (std::size_t first = 0; first < count; first += detail::max_piece) {
+      const int n = int(std::min(detail::max_piece, count - first));
+      auto* out = static_cast<char*>(recv) + first * bytes;
+      const void* in = send == recv ? MPI_IN_PLACE : static_cast<const char*>(send) + first * bytes;
+      check_mpi(MPI_Allreduce(in, out, n, mpi_type(type), mpi_op(op), state_->comm), "MPI_Allreduce");
+    }
+    if (op == ReduceOp::average) detail::scale(recv, count, type, state_->size);
+  });
+}
+
+void Communicator::hierarchical_all_reduce(const void* send, void* recv, std::size_t count, DataType type,
+                                           ReduceOp op) const {
+  const char* where = "longattn::parallel::Communicator::hierarchical_all_reduce";
+  if (state_->nodes == 1 || state_->local_size == 1 || !state_->uniform) return all_reduce(send, recv, count, type, op);
+  guarded(where, [&] {
+    check_buffers(where, send, recv, count, type, op);
+    verify(where, count, type, int(op));
+    const std::size_t bytes = size_of(type);
+    const MPI_Datatype t = mpi_type(type);
+    const std::size_t piece_elements = detail::max_piece * std::size_t(state_->local_size);
+    for (std::size_t first = 0; first < count; first += piece_elements) {
+      const std::size_t n = std::min(piece_elements, count - first);
+      const detail::Blocks blocks(n, state_->local_size);
+      const int mine = blocks.counts[std::size_t(state_->local_rank)];
+      const memory::PooledView<Kokkos::View<unsigned char*, Kokkos::HostSpace>> block(
+          memory::default_pool<Kokkos::HostSpace>(), std::max<std::size_t>(1, std::size_t(blocks.counts[0]) * bytes));
+      const void* in = static_cast<const char*>(send) + first * bytes;
+      void* out = static_cast<char*>(recv) + first * bytes;
+      check_mpi(MPI_Reduce_scatter(in, block.data(), blocks.counts.data(), t, mpi_op(op), state_->local),
+                "MPI_Reduce_scatter");
+      check_mpi(MPI_Allreduce(MPI_IN_PLACE, block.data(), mine, t, mpi_op(op), state_->cross), "MPI_Allreduce");
+      check_mpi(MPI_Allgatherv(block.data(), mine, t, out, blocks.counts.data(), blocks.displacements.data(), t,
+                               state_->local),
+                "MPI_Allgatherv");
+    }
+    if (op == ReduceOp::average) detail::scale(recv, count, type, state_->size);
+  });
+}
+
+void Communicator::reduce_scatter(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op) const {
+  const char* where = "longattn::parallel::Communicator::reduce_scatter";
+  guarded(where, [&] {
+    check_buffers(where, send, recv, count, type, op);
+    require(send != recv || count == 0, where, "recv", "the send buffer", "a buffer of its own");
+    require(count <= std::size_t(INT_MAX), where, "count", count, "at most 2^31 - 1 elements per rank");
+    verify(where, count, type, int(op));
+    check_mpi(MPI_Reduce_scatter_block(send, recv, int(count), mpi_type(type), mpi_op(op), state_->comm),
+              "MPI_Reduce_scatter_block");
+    if (op == ReduceOp::average) detail::scale(recv, count, type, state_->size);
+  });
+}
+
+void Communicator::all_gather(const void* send, void* recv, std::size_t count, DataType type) const {
+  const char* where = "longattn::parallel::Communicator::all_gather";
+  guarded(where, [&] {
+    check_buffers(where, send, recv, count, type, ReduceOp::sum);
+    require(send != recv || count == 0, where, "recv", "the send buffer", "a buffer of its own");
+    require(count <= std::size_t(INT_MAX), where, "count", count, "at most 2^31 - 1 elements per rank");
+    verify(where, count, type, -1);
+    check_mpi(MPI_Allgather(send, int(count), mpi_type(type), recv, int(count), mpi_type(type), state_->comm),
+              "MPI_Allgather");
+  });
+}
+
+void Communicator::broadcast(void* data, std::size_t count, DataType type, int root) const {
+  const char* where = "longattn::parallel::Communicator::broadcast";
+  guarded(where, [&] {
+    require(count == 0 || data != nullptr, where, "data", "nullptr", "a buffer of " + std::to_string(count) + " elements");
+    require(root >= 0 && root < state_->size, where, "root", root, "a rank from 0 to " + std::to_string(state_->size - 1));
+    require(count <= std::size_t(INT_MAX), where, "count", count, "at most 2^31 - 1 elements");
+    verify(where, count, type, root);
+    check_mpi(MPI_Bcast(data, int(count), mpi_type(type), root, state_->comm), "MPI_Bcast");
+  });
+}
+
+void Communicator::barrier() const {
+  guarded("longattn::parallel::Communicator::barrier", [&] { check_mpi(MPI_Barrier(state_->comm), "MPI_Barrier"); });
+}
+
+namespace {
+
+// Point-to-point arguments (every ring step: messages are built only on failure).
+void check_message(const char* where, const void* data, std::size_t count, const char* name, int peer, int size, int tag) {
+  if (count > 0 && !data) throw_invalid_argument(where, "data", "nullptr", "a buffer of " + std::to_string(count) + " elements");
+  require(count <= std::size_t(INT_MAX), where, "count", count, "at most 2^31 - 1 elements");
+  if (peer < 0 || peer >= size) throw_invalid_argument(where, name, peer, "a rank from 0 to " + std::to_string(size - 1));
+  require(tag >= 0 && tag <= 32767, where, "tag", tag, "a tag from 0 to 32767 (the least MPI guarantees)");
+}
+
+}  // namespace
+
+Request Communicator::isend(const void* data, std::size_t count, DataType type, int destination, int tag) const {
+  const char* where = "longattn::parallel::Communicator::isend";
+  MPI_Request request = MPI_REQUEST_NULL;
+  guarded(where, [&] {
+    check_message(where, data, count, "destination", destination, state_->size, tag);
+    check_mpi(MPI_Isend(data, int(count), mpi_type(type), destination, tag, state_->comm, &request), "MPI_Isend");
+  });
+  return Request(std::make_unique<detail::SingleRequest>(request));
+}
+
+Request Communicator::irecv(void* data, std::size_t count, DataType type, int source, int tag) const {
+  const char* where = "longattn::parallel::Communicator::irecv";
+  MPI_Request request = MPI_REQUEST_NULL;
+  guarded(where, [&] {
+    check_message(where, data, count, "source", source, state_->size, tag);
+    check_mpi(MPI_Irecv(data, int(count), mpi_type(type), source, tag, state_->comm, &request), "MPI_Irecv");
+  });
+  return Request(std::make_unique<detail::SingleRequest>(request));
+}
+
+Request Communicator::iall_reduce(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op,
+                                  bool hierarchical) const {
+  const char* where = "longattn::parallel::Communicator::iall_reduce";
+  std::vector<std::unique_ptr<detail::PendingOperation>> parts;
+  guarded(where, [&] {
+    check_buffers(where, send, recv, count, type, op);
+    verify(where, count, type, int(op));
+    const bool staged = hierarchical && state_->nodes > 1 && state_->local_size > 1 && state_->uniform;
+    const std::size_t bytes = size_of(type);
+    const std::size_t piece = staged ? detail::max_piece * std::size_t(state_->local_size) : detail::max_piece;
+    for (std::size_t first = 0; first < count; first += piece) {
+      const std::size_t n = std::min(piece, count - first);
+      const auto* in = static_cast<const char*>(send) + first * bytes;
+      auto* out = static_cast<char*>(recv) + first * bytes;
+      if (staged) {
+        parts.push_back(std::make_unique<detail::HierarchicalStages>(state_, in, out, n, type, op));
+      } else {
+        MPI_Request request = MPI_REQUEST_NULL;
+        check_mpi(MPI_Iallreduce(send == recv ? MPI_IN_PLACE : in, out, int(n), mpi_type(type), mpi_op(op), state_->comm,
+                                 &request),
+                  "MPI_Iallreduce");
+        parts.push_back(std::make_unique<detail::SingleRequest>(request, op == ReduceOp::average ? out : nullptr, n,
+                                                                type, state_->size));
+      }
+    }
+  });
+  if (parts.size() == 1) return Request(std::move(parts.front()));
+  return Request(std::make_unique<detail::OperationGroup>(std::move(parts)));
+}
+
+// ------------------------------------------------------------------------------ grid
+Grid make_grid(const Communicator& world, int context_parallel) {
+  const char* where = "longattn::parallel::make_grid";
+  world.guarded(where, [&] {
+    require(context_parallel >= 1 && world.size() % context_parallel == 0, where, "context_parallel", context_parallel,
+            "a divisor of the " + std::to_string(world.size()) + " ranks");
+  });
+  Grid grid{world.split(world.rank() / context_parallel, world.rank()),
+            world.split(world.rank() % context_parallel, world.rank()), context_parallel,
+            world.size() / context_parallel};
+  return grid;
+}
+
+}  // namespace longattn::parallel

@@ -1,0 +1,186 @@
+// GradientBuckets under mpiexec: 200 small gradients of odd sizes (float and double) and one
+// larger than a bucket, marked ready in backward order; buckets start before wait(), results
+// equal the serial average on flat and simulated-node communicators, over several steps.
+#include <mpi.h>
+
+#include <catch2/catch.hpp>
+
+#include <cstdint>
+#include <vector>
+
+#include "longattn/error.hpp"
+#include "longattn/parallel/gradient_buckets.hpp"
+#include "reference/random.hpp"
+
+namespace {
+
+using longattn::parallel::Communicator;
+using longattn::parallel::CommunicatorOptions;
+using longattn::parallel::ErrorPolicy;
+using longattn::parallel::GradientBucketOptions;
+using longattn::parallel::GradientBuckets;
+
+// A multiple of 1/4 from what rank, step, gradient and element it is: sums are exact.
+double contribution(std::uint64_t seed, int rank, int step, int gradient, std::size_t i) {
+  std::uint64_t h = seed + std::uint64_t(rank) * 1000003u + std::uint64_t(step) * 7919u + std::uint64_t(gradient) * 104729u + i;
+  h ^= h >> 31;
+  h *= 0x9e3779b97f4a7c15ull;
+  return double(std::int64_t(h >> 58) - 32) / 4.0;
+}
+
+CommunicatorOptions throwing(int ranks_per_node) {
+  CommunicatorOptions o;
+  o.ranks_per_node = ranks_per_node;
+  o.on_error = ErrorPolicy::throw_error;
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("bucketed gradients are averaged over the ranks, buckets starting during backward", "[parallel][buckets]") {
+  std::uint64_t seed = longattn::test::test_seed();
+  MPI_Bcast(&seed, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
+  INFO("seed " << seed);
+  for (const int per_node : {0, 2}) {
+    for (const bool hierarchical : {false, true}) {
+      INFO(per_node << " ranks per node, hierarchical " << hierarchical);
+      const Communicator comm = Communicator::world(throwing(per_node));
+      const int P = comm.size();
+      // 200 gradients: odd sizes, floats with a few doubles between, and one of 80 KiB.
+      std::vector<std::vector<float>> floats;
+      std::vector<std::vector<double>> doubles;
+      std::vector<std::pair<bool, int>> order;  // (is double, index), registration = backward order
+      for (int g = 0; g < 200; ++g) {
+        const std::size_t count = g == 100 ? 20000 : std::size_t(1 + (g * 37) % 611);
+        if (g % 25 == 24) {
+          doubles.emplace_back(count);
+          order.emplace_back(true, int(doubles.size()) - 1);
+        } else {
+          floats.emplace_back(count);
+          order.emplace_back(false, int(floats.size()) - 1);
+        }
+      }
+      GradientBucketOptions options;
+      options.bucket_bytes = 16 * 1024;
+      options.hierarchical = hierarchical;
+      GradientBuckets buckets(comm, options);
+      for (const auto& [is_double, i] : order)
+        if (is_double) buckets.add(doubles[std::size_t(i)].data(), doubles[std::size_t(i)].size());
+        else buckets.add(floats[std::size_t(i)].data(), floats[std::size_t(i)].size());
+
+      for (int step = 0; step < 3; ++step) {
+        INFO("step " << step);
+        for (std::size_t g = 0; g < order.size(); ++g) {
+          const auto [is_double, i] = order[g];
+          if (is_double)
+            for (std::size_t e = 0; e < doubles[std::size_t(i)].size(); ++e)
+              doubles[std::size_t(i)][e] = contribution(seed, comm.rank(), step, int(g), e);
+          else
+            for (std::size_t e = 0; e < floats[std::size_t(i)].size(); ++e)
+              floats[std::size_t(i)][e] = float(contribution(seed, comm.rank(), step, int(g), e));
+        }
+        for (std::size_t g = 0; g < order.size(); ++g) buckets.ready(int(g));  // backward finishes them in order
+        CHECK(buckets.buckets_started() == buckets.buckets());  // each started when its last gradient was ready
+        buckets.wait();
+        CHECK(buckets.buckets_started() == 0);
+        bool all_equal = true;
+        for (std::size_t g = 0; g < order.size(); ++g) {
+          const auto [is_double, i] = order[g];
+          const std::size_t count = is_double ? doubles[std::size_t(i)].size() : floats[std::size_t(i)].size();
+          for (std::size_t e = 0; e < count; ++e) {
+            double sum = 0;
+            for (int r = 0; r < P; ++r) sum += contribution(seed, r, step, int(g), e);
+            if (is_double) all_equal = all_equal && doubles[std::size_t(i)][e] == sum * (1.0 / P);
+            else all_equal = all_equal && floats[std::size_t(i)][e] == float(sum) * (1.0f / float(P));
+          }
+        }
+        CHECK(all_equal);
+      }
+      CHECK(buckets.gradients() == 200);
+      CHECK(buckets.buckets() > 8);    // about 16 KiB each, the doubles apart, the large one alone
+      CHECK(buckets.buckets() < 40);
+    }
+  }
+}
+
+TEST_CASE("gradients stored in their buckets are reduced where they are, kept ones beside them",
+          "[parallel][buckets]") {
+  std::uint64_t seed = longattn::test::test_seed();
+  MPI_Bcast(&seed, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
+  INFO("seed " << seed);
+  const Communicator comm = Communicator::world(throwing(2));
+  GradientBucketOptions options;
+  options.bucket_bytes = 4096;
+  GradientBuckets buckets(comm, options);
+  std::vector<Kokkos::View<float*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>> stored;
+  std::vector<std::vector<double>> kept;
+  for (int g = 0; g < 30; ++g) {
+    if (g % 10 == 9) {
+      kept.emplace_back(std::size_t(50 + g));
+      buckets.add(kept.back().data(), kept.back().size());
+    } else {
+      stored.push_back(buckets.add<float>(std::size_t(g == 4 ? 2000 : 7 + 13 * g)));
+    }
+  }
+  // Consecutive stored gradients of one bucket are adjacent: the bucket's buffer is their memory.
+  CHECK(stored[1].data() == stored[0].data() + stored[0].size());
+  CHECK(stored[4].size() == 2000);  // 8000 bytes: a bucket of its own
+  for (int step = 0; step < 2; ++step) {
+    int s = 0, k = 0;
+    for (int g = 0; g < 30; ++g) {
+      if (g % 10 == 9)
+        for (std::size_t e = 0; e < kept[std::size_t(k)].size(); ++e) kept[std::size_t(k)][e] = contribution(seed, comm.rank(), step, g, e);
+      else
+        for (std::size_t e = 0; e < stored[std::size_t(s)].size(); ++e)
+          stored[std::size_t(s)](e) = float(contribution(seed, comm.rank(), step, g, e));
+      g % 10 == 9 ? ++k : ++s;
+    }
+    for (int g = 29; g >= 0; --g) buckets.ready(g);  // any order
+    buckets.wait();
+    bool all_equal = true;
+    s = k = 0;
+    for (int g = 0; g < 30; ++g) {
+      const std::size_t count = g % 10 == 9 ? kept[std::size_t(k)].size() : stored[std::size_t(s)].size();
+      for (std::size_t e = 0; e < count; ++e) {
+        double sum = 0;
+        for (int r = 0; r < comm.size(); ++r) sum += contribution(seed, r, step, g, e);
+        all_equal = all_equal && (g % 10 == 9 ? kept[std::size_t(k)][e] == sum * (1.0 / comm.size())
+                                              : stored[std::size_t(s)](e) == float(sum) * (1.0f / float(comm.size())));
+      }
+      g % 10 == 9 ? ++k : ++s;
+    }
+    CHECK(all_equal);
+  }
+}
+
+TEST_CASE("the first buckets start while later gradients are not yet ready", "[parallel][buckets]") {
+  const Communicator comm = Communicator::world(throwing(0));
+  std::vector<std::vector<float>> grads(40, std::vector<float>(1000, 1.0f));  // 4 KB each
+  GradientBucketOptions options;
+  options.bucket_bytes = 8000;  // two gradients per bucket
+  GradientBuckets buckets(comm, options);
+  for (auto& g : grads) buckets.add(g.data(), g.size());
+  for (int g = 0; g < 10; ++g) buckets.ready(g);
+  CHECK(buckets.buckets() == 20);
+  CHECK(buckets.buckets_started() == 5);
+  buckets.wait();  // the other 30 gradients count as final here
+  for (const auto& g : grads) CHECK(g[999] == 1.0f);
+}
+
+TEST_CASE("GradientBuckets refuses bad input", "[parallel][buckets][errors]") {
+  const Communicator comm = Communicator::world(throwing(0));
+  std::vector<float> g(10);
+  std::vector<std::int32_t> ints(10);
+  GradientBucketOptions zero;
+  zero.bucket_bytes = 0;
+  CHECK_THROWS_WITH(GradientBuckets(comm, zero), Catch::Contains("argument 'options.bucket_bytes' is 0"));
+  GradientBuckets buckets(comm);
+  CHECK_THROWS_WITH(buckets.add(g.data(), 0), Catch::Contains("argument 'count' is 0, expected at least one element"));
+  CHECK_THROWS_WITH(buckets.add(ints.data(), ints.size()), Catch::Contains("argument 'type' is int32"));
+  buckets.add(g.data(), g.size());
+  buckets.ready(0);
+  CHECK_THROWS_WITH(buckets.ready(0), Catch::Contains("argument 'index' is 0, expected a gradient not yet ready"));
+  CHECK_THROWS_WITH(buckets.ready(1), Catch::Contains("argument 'index' is 1, expected a gradient from 0 to 0"));
+  CHECK_THROWS_WITH(buckets.add(g.data(), g.size()), Catch::Contains("expected every gradient added before the first"));
+  buckets.wait();
+}
