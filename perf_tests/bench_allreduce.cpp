@@ -40,6 +40,7 @@
 #include <utility>
 #include <vector>
 
+#include "mpi_benchmark_main.hpp"
 #include "longattn/core/runtime.hpp"
 #include "longattn/parallel/communicator.hpp"
 #include "longattn/parallel/gradient_buckets.hpp"
@@ -225,29 +226,6 @@ void register_benchmarks() {
         ->Unit(benchmark::kMillisecond);
 }
 
-// Ranks other than 0 run the same benchmarks and print nothing.
-class Silent : public benchmark::BenchmarkReporter {
- public:
-  bool ReportContext(const Context&) override { return true; }
-  void ReportRuns(const std::vector<Run>&) override {}
-};
-
 }  // namespace
 
-int main(int argc, char** argv) {
-  longattn::parallel::MpiSession mpi(argc, argv);
-  longattn::ScopeGuard guard(argc, argv);
-  register_benchmarks();
-  benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  if (rank == 0) {
-    benchmark::RunSpecifiedBenchmarks();
-  } else {
-    Silent silent;
-    benchmark::RunSpecifiedBenchmarks(&silent);
-  }
-  benchmark::Shutdown();
-  return 0;
-}
+int main(int argc, char** argv) { return longattn::bench::run_mpi_benchmarks(argc, argv, register_benchmarks); }

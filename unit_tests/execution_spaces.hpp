@@ -23,6 +23,9 @@ using CudaSpaces = std::tuple<Kokkos::Cuda>;
 using CudaSpaces = std::tuple<>;
 #endif
 
+// The host's spaces (what MPI exchanges without a device path).
+using HostExecutionSpaces = decltype(std::tuple_cat(std::declval<SerialSpaces>(), std::declval<OpenMPSpaces>()));
+
 using ExecutionSpaces = decltype(std::tuple_cat(std::declval<SerialSpaces>(), std::declval<OpenMPSpaces>(),
                                                 std::declval<CudaSpaces>()));
 

@@ -414,22 +414,43 @@ void Communicator::fail(const char* where, const std::string& message) const {
   std::abort();  // MPI_Abort does not return
 }
 
+void Communicator::agree(const char* where, const std::string& error) const {
+  int first = error.empty() ? state_->size : state_->rank;
+  check_mpi(MPI_Allreduce(MPI_IN_PLACE, &first, 1, MPI_INT, MPI_MIN, state_->comm), "MPI_Allreduce");
+  if (first == state_->size) return;
+  std::string message = error;
+  std::uint64_t length = message.size();
+  check_mpi(MPI_Bcast(&length, 1, MPI_UINT64_T, first, state_->comm), "MPI_Bcast");
+  message.resize(length);
+  check_mpi(MPI_Bcast(message.data(), int(length), MPI_CHAR, first, state_->comm), "MPI_Bcast");
+  if (first == state_->rank) fail(where, message);
+  const std::string own = std::string(where) + ": ";  // "where: rank R: what", not where twice
+  if (message.rfind(own, 0) == 0) message.erase(0, own.size());
+  fail(where, "rank " + std::to_string(first) + ": " + message);
+}
+
+void Communicator::require_same(const char* where, const std::vector<Agreed>& values) const {
+  const std::size_t n = values.size();
+  std::vector<std::int64_t> high(n), low(n);
+  for (std::size_t i = 0; i < n; ++i) high[i] = low[i] = values[i].value;
+  guarded(where, [&] {
+    check_mpi(MPI_Allreduce(MPI_IN_PLACE, high.data(), int(n), MPI_INT64_T, MPI_MAX, state_->comm), "MPI_Allreduce");
+    check_mpi(MPI_Allreduce(MPI_IN_PLACE, low.data(), int(n), MPI_INT64_T, MPI_MIN, state_->comm), "MPI_Allreduce");
+  });
+  for (std::size_t i = 0; i < n; ++i)
+    if (high[i] != low[i]) {
+      std::ostringstream message;
+      message << where << ": argument '" << values[i].name << "' differs between ranks (from " << low[i] << " to "
+              << high[i] << "), expected the same on every rank of the communicator";
+      fail(where, message.str());
+    }
+}
+
 // With verify_collectives: every rank brings (count, type, op); a difference is an error on
 // every rank at once, so no rank is left waiting.
 void Communicator::verify(const char* where, std::size_t count, DataType type, int op) const {
   if (!state_->options.verify_collectives) return;
-  const std::int64_t mine[3] = {std::int64_t(count), std::int64_t(type), std::int64_t(op)};
-  std::int64_t high[3], low[3];
-  check_mpi(MPI_Allreduce(mine, high, 3, MPI_INT64_T, MPI_MAX, state_->comm), "MPI_Allreduce");
-  check_mpi(MPI_Allreduce(mine, low, 3, MPI_INT64_T, MPI_MIN, state_->comm), "MPI_Allreduce");
-  const char* names[3] = {"count", "type", "op"};
-  for (int i = 0; i < 3; ++i)
-    if (high[i] != low[i]) {
-      std::ostringstream message;
-      message << where << ": argument '" << names[i] << "' differs between ranks (from " << low[i] << " to " << high[i]
-              << "), expected the same on every rank of the communicator";
-      throw Error(message.str());
-    }
+  require_same(where, {{"count", std::int64_t(count)}, {"type", std::int64_t(type)}, {"op", op}});
 }
 
 

@@ -303,6 +303,54 @@ TEMPLATE_LIST_TEST_CASE("attention over [K1; K2] equals merge_partial of attenti
   }
 }
 
+TEMPLATE_LIST_TEST_CASE("accumulate_output continues the softmax in the kernel: [K1; K2] in two passes",
+                        "[core][attention][merge]", longattn::test::ExecutionSpaces) {
+  using Memory = typename TestType::memory_space;
+  std::mt19937_64 rng(longattn::test::test_seed());
+  const int B = 2, Nq = 83, Nk = 150, split = 70, H = 3, D = 16;
+  const Shape s{B, Nq, Nk, H, D, 40, 0};  // causal: queries 0..29 see nothing of K2 (from 70)
+  for (bool causal : {false, true})
+    for (bool second_first : {false, true})
+      for (bool start_empty : {false, true}) {
+        INFO(describe(s, causal) << ", split at " << split << (second_first ? ", K2 first" : "")
+                                 << (start_empty ? ", both passes accumulate from o = 0, lse = -inf" : ""));
+        for (const double output_scale : {1.0, 0.5}) {
+          auto q = to_device<double, Memory>(random_tensor<double>(B, Nq, H, D, rng));
+          auto k = to_device<double, Memory>(random_tensor<double>(B, Nk, H, D, rng));
+          auto v = to_device<double, Memory>(random_tensor<double>(B, Nk, H, D, rng));
+          Kokkos::View<double****, Memory> o("o", B, Nq, H, D), o_acc("o acc", B, Nq, H, D);
+          Kokkos::View<double***, Memory> lse("lse", B, H, Nq), lse_acc("lse acc", B, H, Nq);
+          auto opts = options(s, causal);
+          opts.output_scale = output_scale;
+          longattn::attention_forward(TestType(), q, k, v, o, lse, opts);
+          std::pair<int, int> parts[2] = {{0, split}, {split, Nk}};
+          if (second_first) std::swap(parts[0], parts[1]);
+          if (start_empty) {
+            Kokkos::deep_copy(o_acc, 0.0);
+            Kokkos::deep_copy(lse_acc, -std::numeric_limits<double>::infinity());
+          }
+          for (int pass = 0; pass < 2; ++pass) {
+            auto pass_opts = opts;
+            pass_opts.key_offset += parts[pass].first;
+            pass_opts.accumulate_output = start_empty || pass == 1;
+            longattn::attention_forward(TestType(), q, Kokkos::subview(k, Kokkos::ALL, parts[pass], Kokkos::ALL, Kokkos::ALL),
+                                        Kokkos::subview(v, Kokkos::ALL, parts[pass], Kokkos::ALL, Kokkos::ALL), o_acc,
+                                        lse_acc, pass_opts);
+          }
+          CHECK(relative_error(to_host(o_acc), to_host(o)) <= 1e-12);
+          CHECK(relative_error(to_host(lse_acc), to_host(lse)) <= 1e-12);
+        }
+      }
+  auto q = to_device<float, Memory>(random_tensor<float>(1, 8, 1, 16, rng));
+  Kokkos::View<float****, Memory> o("o", 1, 8, 1, 16);
+  Kokkos::View<float***, Memory> lse("lse", 1, 1, 8);
+  longattn::AttentionOptions zero_scale;
+  zero_scale.accumulate_output = true;
+  zero_scale.output_scale = 0;
+  CHECK_THROWS_WITH(longattn::attention_forward(TestType(), q, q, q, o, lse, zero_scale),
+                    Catch::Contains("argument 'opts.output_scale' is 0, expected a non-zero scale with accumulate_output"));
+}
+
 TEMPLATE_LIST_TEST_CASE("queries that see no key get o = 0, lse = -inf and zero gradients, never NaN",
                         "[core][attention][merge]", longattn::test::ExecutionSpaces) {
   using Memory = typename TestType::memory_space;

@@ -45,6 +45,11 @@ struct AttentionOptions {
   // Backward adds into dq, dk, dv instead of overwriting them: a query or key seen by several
   // passes (dilation configurations, ring steps) sums its gradients in place.
   bool accumulate_gradients = false;
+  // Forward continues the softmax whose result (o, lse) is already there over k, v: the merge
+  // of merge_partial, inside the kernel, with no partial buffers (ring steps). Start from
+  // o = 0, lse = -inf for a first pass (or simply run the first pass without it). Needs a
+  // non-zero output_scale.
+  bool accumulate_output = false;
 };
 
 // Largest head dimension the kernels accept (scratch grows with it).
@@ -184,6 +189,8 @@ AttentionGeometry check_attention(const char* where, const Q& q, const K& k, con
     require(std::isfinite(*opts.softmax_scale), where, "opts.softmax_scale", *opts.softmax_scale,
             "a finite number");
   require(std::isfinite(opts.output_scale), where, "opts.output_scale", opts.output_scale, "a finite number");
+  require(!opts.accumulate_output || opts.output_scale != 0, where, "opts.output_scale", opts.output_scale,
+          "a non-zero scale with accumulate_output (o is divided by it)");
   constexpr std::int64_t offset_limit = std::int64_t(1) << 62;
   require(opts.query_offset > -offset_limit && opts.query_offset < offset_limit, where,
           "opts.query_offset", opts.query_offset, "|offset| < 2^62");
@@ -324,7 +331,7 @@ void attention_forward(const ExecSpace& exec, const Q& q, const K& k, const V& v
     const double scale = detail::softmax_scale(opts, geo.head_dim);
     detail::ForwardKernel<ExecSpace, T, Blocks> kernel{q, k, v, o, lse, geo, blocks,
                                                        T(scale * detail::log2_e<double>()),
-                                                       T(opts.output_scale), 0};
+                                                       T(opts.output_scale), opts.accumulate_output, 0};
     detail::run_team_kernel("longattn::attention_forward", exec, kernel);
   }
 }

@@ -169,6 +169,30 @@ class Communicator {
     }
   }
 
+  // Runs f on every rank, then agrees (collective, one small all-reduce): if f threw on any
+  // rank, every rank fails by the error policy with the message of the lowest rank that threw
+  // ("rank R: ..." on the others). For checks whose outcome may differ between ranks (local
+  // extents) ahead of point-to-point exchanges, so that no rank is left waiting.
+  template <class F>
+  void checked(const char* where, F&& f) const {
+    std::string error;
+    try {
+      f();
+    } catch (const std::exception& e) {
+      error = e.what();
+      if (error.empty()) error = "an exception without a message";
+    }
+    agree(where, error);
+  }
+
+  // Values that must be equal on every rank (the arguments of a collective plan): otherwise every
+  // rank fails by the error policy, naming the first value that differs and its range.
+  struct Agreed {
+    const char* name;
+    std::int64_t value;
+  };
+  void require_same(const char* where, const std::vector<Agreed>& values) const;
+
 #if LONGATTN_HAVE_NCCL
   // ---- CUDA memory (NCCL), stream-ordered on `stream`; the NCCL communicators are made on first
   // use (the unique id goes out over MPI: collective over this communicator).
@@ -182,6 +206,7 @@ class Communicator {
  private:
   explicit Communicator(std::shared_ptr<detail::CommunicatorState> state) : state_(std::move(state)) {}
   [[noreturn]] void fail(const char* where, const std::string& message) const;
+  void agree(const char* where, const std::string& error) const;
   void verify(const char* where, std::size_t count, DataType type, int op) const;
 
   template <class ExecSpace, class View>

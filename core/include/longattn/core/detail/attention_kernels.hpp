@@ -148,6 +148,7 @@ struct ForwardKernel {
   Pattern pattern;
   T scale_log2;  // softmax scale * log2(e)
   T output_scale;
+  bool accumulate;  // continue the softmax of the (o, lse) already there (AttentionOptions::accumulate_output)
   int scratch_level;
 
   static std::size_t scratch_bytes(int head_dim) {
@@ -172,10 +173,17 @@ struct ForwardKernel {
     T* l = arena.template take<T>(L);
 
     load_transposed<L>(team, q, b, h, q_first, q_count, D, scale_log2, qt);
+    // The running softmax starts empty (m = -inf, l = 0, Ot = 0), or, when accumulating, as the
+    // result already in (o, lse): m = lse in log2 units, l = 1, Ot = o / output_scale. Merging
+    // then happens here, in the same online softmax, with no partial buffers.
     zero_scratch(team, ot, D * L);
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, L), [&](int i) {
-      m[i] = minus_infinity<T>();
-      l[i] = T(0);
+      const T previous = accumulate && i < q_count ? lse(b, h, q_first + i) : minus_infinity<T>();
+      const bool empty = previous == minus_infinity<T>();
+      m[i] = empty ? minus_infinity<T>() : previous * log2_e<T>();
+      l[i] = empty ? T(0) : T(1);
+      if (!empty)
+        for (int d = 0; d < D; ++d) ot[d * L + i] = o(b, q_first + i, h, d) / output_scale;
     });
     team.team_barrier();
 

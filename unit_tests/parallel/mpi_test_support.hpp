@@ -1,0 +1,40 @@
+#pragma once
+// What the MPI tests of the attention layers share: one seed for every rank, the world with
+// errors thrown (every rank makes the same calls, so every rank throws) and optionally
+// simulated nodes, sums over ranks, and the tensor types.
+#include <mpi.h>
+
+#include <Kokkos_Core.hpp>
+#include <cstdint>
+
+#include "longattn/parallel/communicator.hpp"
+#include "reference/random.hpp"
+
+namespace longattn::test {
+
+// Rank 0's seed on every rank: all ranks build the same global inputs.
+inline std::uint64_t shared_seed() {
+  std::uint64_t seed = test_seed();
+  MPI_Bcast(&seed, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
+  return seed;
+}
+
+// ranks_per_node > 0 simulates nodes of that many consecutive ranks.
+inline parallel::Communicator throwing_world(int ranks_per_node = 0) {
+  parallel::CommunicatorOptions options;
+  options.on_error = parallel::ErrorPolicy::throw_error;
+  options.ranks_per_node = ranks_per_node;
+  return parallel::Communicator::world(options);
+}
+
+inline std::int64_t sum_over_ranks(std::int64_t mine) {
+  MPI_Allreduce(MPI_IN_PLACE, &mine, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
+  return mine;
+}
+
+template <class T, class Memory>
+using Tensor = Kokkos::View<T****, Kokkos::LayoutRight, Memory>;  // [B, N, H, D]
+template <class T, class Memory>
+using Rows = Kokkos::View<T***, Kokkos::LayoutRight, Memory>;     // [B, H, N]
+
+}  // namespace longattn::test
