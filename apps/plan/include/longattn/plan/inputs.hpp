@@ -1,0 +1,108 @@
+#pragma once
+// What longattn-plan is asked: a model, how it is trained, the cluster and the parallel layout.
+// Every field has the default the CLI shows; validate() throws longattn::Error naming the first
+// bad field, its value and what is valid.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace longattn::plan {
+
+enum class Positions { rotary, learned };  // learned adds sequence x hidden parameters
+enum class Precision { bf16, fp16, fp32 };  // bf16/fp16: mixed precision with fp32 optimizer states
+enum class Optimizer { adam, sgd_momentum, sgd };
+enum class Recompute { none, selective, full };
+
+struct ModelConfig {
+  std::int64_t layers = 128;
+  std::int64_t hidden = 25600;
+  std::int64_t heads = 160;
+  std::int64_t ffn = 0;            // 0: 4 x hidden
+  std::int64_t vocabulary = 51200;
+  std::int64_t sequence = 2048;    // tokens per sequence (context length)
+  std::string attention = "dense"; // an attention spec (core/attention_spec.hpp), or block_sparse:density=F
+  bool causal = true;
+  Positions positions = Positions::rotary;
+
+  std::int64_t ffn_size() const { return ffn > 0 ? ffn : 4 * hidden; }
+  std::int64_t head_dim() const { return hidden / heads; }
+};
+
+struct TrainingConfig {
+  double tokens = 1e12;                          // training tokens
+  std::int64_t global_batch_tokens = 4096000;    // tokens per optimizer step: 2000 x 2048
+  Precision precision = Precision::bf16;
+  Optimizer optimizer = Optimizer::adam;
+  Recompute recompute = Recompute::selective;
+};
+
+// One GPU kind. Bandwidths are per GPU and per direction, in bytes/s.
+struct GpuSpec {
+  std::string name;
+  double peak_flops_16bit = 0;  // dense bf16/fp16 tensor-core FLOP/s
+  double peak_flops_tf32 = 0;   // dense TF32 tensor-core FLOP/s (what fp32 training runs on)
+  double memory_bytes = 0;      // HBM
+  double memory_bandwidth = 0;  // HBM bytes/s
+  double nvlink_bandwidth = 0;  // inside a node
+  double network_bandwidth = 0; // between nodes (one NIC per GPU)
+  std::int64_t gpus_per_node = 8;
+};
+
+// H100 SXM5 80GB, H200 SXM 141GB, A100 SXM4 80GB, from NVIDIA's data sheets; the network is one
+// 400 Gb/s (H100, H200) or 200 Gb/s (A100) InfiniBand NIC per GPU.
+const std::vector<GpuSpec>& gpu_table();
+const GpuSpec& gpu_by_name(const std::string& name);  // throws Error listing the table
+std::string gpu_names();                              // "h100, h200, a100"
+
+struct ClusterConfig {
+  std::int64_t gpus = 400;
+  GpuSpec gpu = gpu_by_name("h100");
+  double price_per_gpu_hour = 2.0;  // USD
+  double comm_efficiency = 0.75;    // achieved fraction of link bandwidth in collectives
+  double memory_reserve = 0.10;     // fraction of HBM kept free (CUDA context, fragmentation)
+};
+
+// Parallel layout: tensor x pipeline x data x context = GPUs. Ranks are ordered tensor
+// (innermost), context, data, pipeline, as Megatron-LM orders them.
+struct Layout {
+  std::int64_t tensor = 1, pipeline = 1, data = 1, context = 1;
+  int zero_stage = 1;          // 0-3, over the data x context ranks that hold the same parameters
+  std::int64_t micro_batch = 1;  // sequences per micro-batch
+
+  std::int64_t gpus() const { return tensor * pipeline * data * context; }
+};
+
+// Fraction of the GPU's peak that the kernels reach while computing (exposed communication and
+// the pipeline bubble are added separately): measured (perf_tests/write_calibration.py) or given.
+struct Efficiency {
+  double matmul = 0.45;
+  double attention_dense = 0.45;
+  double attention_dilated = 0.45;
+  double attention_block_sparse = 0.45;
+  std::string source = "assumed (no --mfu or --calibration given)";
+};
+
+struct Plan {
+  ModelConfig model;
+  TrainingConfig training;
+  ClusterConfig cluster;
+  Layout layout;
+  Efficiency efficiency;
+};
+
+// Checks everything but the layout (which the search varies) / the layout against the rest.
+void validate_inputs(const Plan& plan);
+void validate_layout(const Plan& plan);
+
+// Reads a calibration JSON ({"matmul": e, "attention": {"dense": e, "dilated": e,
+// "block_sparse": e}, "source": "..."}); throws Error on a missing file, field or a value
+// outside (0, 1].
+Efficiency read_calibration(const std::string& path);
+Efficiency uniform_efficiency(double mfu);
+
+const char* to_string(Positions value);
+const char* to_string(Precision value);
+const char* to_string(Optimizer value);
+const char* to_string(Recompute value);
+
+}  // namespace longattn::plan

@@ -1,0 +1,413 @@
+#include "longattn/plan/estimate.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <set>
+
+#include "longattn/core/attention_spec.hpp"
+#include "longattn/error.hpp"
+#include "longattn/plan/formulas.hpp"
+
+namespace longattn::plan {
+
+namespace {
+
+constexpr double gib = 1024.0 * 1024.0 * 1024.0;
+constexpr double bucket_bytes = 25.0 * 1024 * 1024;  // parallel::GradientBuckets' default
+
+std::string number(double value) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.4g", value);
+  return text;
+}
+
+// Key blocks kept for query block qb of n blocks, as the core's pattern builders keep them
+// (block_sparse_patterns.hpp), counted in closed form: a 1M-token layout has 2^28 blocks.
+double kept_key_blocks(const BlockSparseConfig& config, std::int64_t qb, std::int64_t n, std::int64_t block,
+                       bool causal) {
+  const std::int64_t allowed = causal ? qb + 1 : n;
+  // Blocks at distance d (in blocks) are within `radius` tokens when block d - (block - 1) <= radius.
+  const auto window = [&](std::int64_t radius) {
+    const std::int64_t d = (radius + block - 1) / block;
+    return std::pair<std::int64_t, std::int64_t>{std::max<std::int64_t>(0, qb - d),
+                                                 causal ? qb : std::min(n - 1, qb + d)};
+  };
+  switch (config.pattern) {
+    case BlockSparsePattern::full: return double(allowed);
+    case BlockSparsePattern::local_window: {
+      const auto [lo, hi] = window(config.radius);
+      return double(hi - lo + 1);
+    }
+    case BlockSparsePattern::dilated: {
+      const std::set<std::int64_t> rates(config.rates.begin(), config.rates.end());
+      double kept = 1;
+      for (const std::int64_t r : rates) kept += (qb - r >= 0) + (!causal && qb + r < n);
+      return kept;
+    }
+    case BlockSparsePattern::global_local: {
+      const std::int64_t global = (config.global_tokens + block - 1) / block;
+      if (qb < global) return double(allowed);
+      const auto [lo, hi] = window(config.radius);
+      return double(hi - lo + 1 + std::min(global, lo));
+    }
+    case BlockSparsePattern::random:
+      return double(std::max<std::int64_t>(1, std::min(allowed, std::int64_t(std::llround(config.density * allowed)))));
+    case BlockSparsePattern::top_k: return double(std::min(config.top_k, allowed));
+  }
+  return double(allowed);
+}
+
+// How far (tokens) a query's keys reach; 0 when some reach every position.
+double block_sparse_reach(const BlockSparseConfig& config, std::int64_t block) {
+  switch (config.pattern) {
+    case BlockSparsePattern::local_window: return double(config.radius + block);
+    case BlockSparsePattern::dilated:
+      return double((*std::max_element(config.rates.begin(), config.rates.end()) + 1) * block);
+    default: return 0;
+  }
+}
+
+// The group of `size` ranks `stride` apart stays in one node when stride x size ranks tile a node.
+double link_bandwidth(const ClusterConfig& cluster, std::int64_t stride, std::int64_t size) {
+  const bool inside = cluster.gpu.gpus_per_node % (stride * size) == 0;
+  return (inside ? cluster.gpu.nvlink_bandwidth : cluster.gpu.network_bandwidth) * cluster.comm_efficiency;
+}
+
+double attention_efficiency(const Efficiency& e, AttentionWork::Kind kind) {
+  switch (kind) {
+    case AttentionWork::Kind::dense: return e.attention_dense;
+    case AttentionWork::Kind::dilated: return e.attention_dilated;
+    case AttentionWork::Kind::block_sparse: return e.attention_block_sparse;
+  }
+  return e.attention_dense;
+}
+
+}  // namespace
+
+AttentionWork attention_work(const ModelConfig& model) {
+  std::string text = detail::trim(model.attention);
+  // Shorthand: block_sparse:density=F is the random pattern (a fraction of the allowed blocks).
+  if (text.rfind("block_sparse:", 0) == 0 && text.find("pattern=") == std::string::npos)
+    text = "block_sparse:pattern=random;" + text.substr(13);
+  const AttentionSpec spec = resolve_attention_spec(parse_attention_spec(text), model.sequence);
+  const double s = double(model.sequence), a = double(model.heads);
+  AttentionWork work;
+  work.spec = to_string(spec);
+  switch (spec.kind) {
+    case AttentionSpec::Kind::automatic:  // resolved above
+    case AttentionSpec::Kind::dense:
+      work.kind = AttentionWork::Kind::dense;
+      work.scores = a * (model.causal ? s * (s + 1) / 2 : s * s);
+      break;
+    case AttentionSpec::Kind::dilated: {
+      work.kind = AttentionWork::Kind::dilated;
+      validate_dilated_config(spec.dilated, int(model.heads), "longattn-plan: attention");
+      work.scores = dilated_attention_scores(model.sequence, int(model.heads), spec.dilated, model.causal);
+      const auto passes = detail::dilated_passes(spec.dilated, int(model.heads));
+      for (std::size_t i = 0; i < spec.dilated.segment_lengths.size(); ++i) {
+        double heads = 0;
+        for (const detail::DilatedPass& pass : passes)
+          if (pass.config == int(i)) heads += pass.head_count;
+        work.dilated_levels.push_back({double(spec.dilated.segment_lengths[i]), double(spec.dilated.dilation_rates[i]), heads});
+      }
+      break;
+    }
+    case AttentionSpec::Kind::block_sparse: {
+      work.kind = AttentionWork::Kind::block_sparse;
+      const std::int64_t block = BlockSparseShape{}.block;
+      const std::int64_t n = (model.sequence + block - 1) / block;
+      double blocks = 0;
+      for (std::int64_t qb = 0; qb < n; ++qb) blocks += kept_key_blocks(spec.block_sparse, qb, n, block, model.causal);
+      work.scores = a * blocks * double(block) * double(block);
+      work.key_reach_tokens = block_sparse_reach(spec.block_sparse, block);
+      break;
+    }
+  }
+  return work;
+}
+
+Estimate estimate(const Plan& plan) { return estimate(plan, attention_work(plan.model)); }
+
+Estimate estimate(const Plan& plan, const AttentionWork& work) {
+  validate_inputs(plan);
+  validate_layout(plan);
+  const ModelConfig& model = plan.model;
+  const TrainingConfig& training = plan.training;
+  const ClusterConfig& cluster = plan.cluster;
+  const Layout& layout = plan.layout;
+
+  const double L = double(model.layers), h = double(model.hidden), a = double(model.heads);
+  const double f = double(model.ffn_size()), V = double(model.vocabulary), s = double(model.sequence);
+  const double D = h / a;
+  const double t = double(layout.tensor), p = double(layout.pipeline), d = double(layout.data);
+  const double c = double(layout.context), b = double(layout.micro_batch), gpus = double(layout.gpus());
+  const double n_dp = d * c;  // ranks holding the same parameters
+  const double sequences = double(training.global_batch_tokens) / s;
+  const double micro_batches = sequences / (d * b);
+  const double s_local = s / c;
+  const double element = parameter_bytes(training.precision);  // activations, parameters, gradients
+  const double peak = training.precision == Precision::fp32 ? cluster.gpu.peak_flops_tf32 : cluster.gpu.peak_flops_16bit;
+  const bool full = training.recompute == Recompute::full;
+  const bool dilated = work.kind == AttentionWork::Kind::dilated;
+
+  Estimate e;
+  e.plan = plan;
+  e.micro_batches = micro_batches;
+  e.parameters = model_parameters(model);
+
+  // ---- Memory per GPU -----------------------------------------------------------------------
+  const double per_layer = layer_parameters(h, f);
+  const double first_stage = L / p * per_layer + embedding_parameters(model) + (p == 1 ? 2 * h : 0);
+  const double last_stage = p == 1 ? first_stage : L / p * per_layer + V * h + 2 * h;
+  e.parameters_per_gpu = std::max(first_stage, last_stage) / t;
+  const ModelStateBytes states =
+      model_state_bytes(e.parameters_per_gpu, n_dp, layout.zero_stage, training.precision, training.optimizer);
+  const std::string psi = "Psi_gpu = " + number(e.parameters_per_gpu) + " (largest stage / tp)";
+  const std::string zero_over = " / (dp x cp)";
+  e.memory.push_back({"parameters", states.parameters,
+                      psi + " x " + number(parameter_bytes(training.precision)) + " B" +
+                          (layout.zero_stage >= 3 ? zero_over : "") + "  [ZeRO]"});
+  e.memory.push_back({"gradients", states.gradients,
+                      "Psi_gpu x " + number(parameter_bytes(training.precision)) + " B" +
+                          (layout.zero_stage >= 2 ? zero_over : "") + "  [ZeRO]"});
+  e.memory.push_back({"optimizer states", states.optimizer,
+                      "Psi_gpu x K, K = " + number(optimizer_bytes_per_parameter(training.optimizer, training.precision)) +
+                          " B (" + to_string(training.optimizer) + ", " + to_string(training.precision) + ")" +
+                          (layout.zero_stage >= 1 ? zero_over : "") + "  [ZeRO]"});
+
+  const ActivationInputs per_layer_inputs{s_local, b, h, a, t, work.scores / (c * c), training.recompute, true, true};
+  const double layer_activations = activation_bytes_per_layer(per_layer_inputs) * element / 2;
+  const double in_flight = std::min(p, micro_batches);
+  const double logits = 4 * s_local * b * V / t;
+  const double activations = p == 1 ? L * layer_activations + logits
+                                    : std::max(in_flight * L / p * layer_activations, L / p * layer_activations + logits);
+  const char* recompute_formula = training.recompute == Recompute::full        ? "2 s b h / t"
+                                  : training.recompute == Recompute::selective ? "34 s b h / t"
+                                                                               : "(34 s b h + 4 a s b) / t";
+  e.memory.push_back({"activations", activations,
+                      std::string(recompute_formula) + " per layer (s = seq/cp = " + number(s_local) +
+                          ") x layers/pp x min(pp, micro-batches) in flight, + logits 4 s b V / t  [Korthikanti22]"});
+
+  // The fused backward's Delta (fp32 per query and head); dilated longnet's partial o and lse.
+  double workspace = 4 * b * (a / t) * s_local;
+  std::string workspace_formula = "4 b (a/t) s: the fused backward's rowsum(dO o O)";
+  if (dilated && work.dilated_levels.size() > 1) {
+    workspace += b * s_local * (h / t) * element + 4 * b * (a / t) * s_local;
+    workspace_formula += " + partial o and lse of the dilated merge";
+  }
+  e.memory.push_back({"attention workspace", workspace, workspace_formula});
+
+  double buffers = 0;
+  std::string buffer_formula;
+  const auto add_buffer = [&](double bytes, const std::string& what) {
+    buffers += bytes;
+    buffer_formula += (buffer_formula.empty() ? "" : " + ") + what;
+  };
+  if (c > 1 && !dilated)
+    add_buffer(b * s_local * (h / t) * (4 * element + 16), "ring: 2 K/V pieces + 2 fp32 dK/dV pieces");
+  if (c > 1 && dilated) {
+    double largest = 0;
+    for (const auto& level : work.dilated_levels) {
+      const double segment = std::min(level.segment, s);
+      if (segment > s_local) largest = std::max(largest, 2 * segment / level.rate * b * (level.heads / t) * D * (element + 4));
+    }
+    if (largest > 0) add_buffer(largest, "gathered dilated K/V of a spanning segment and their fp32 gradients");
+  }
+  if (t > 1) add_buffer(2 * b * s_local * h * element, "sequence-parallel all-gather of s b h");
+  if (n_dp > 1) add_buffer(2 * bucket_bytes, "2 gradient buckets of 25 MiB");
+  if (layout.zero_stage >= 3 && n_dp > 1)
+    add_buffer(2 * per_layer / t * element, "ZeRO-3: 2 layers' gathered parameters");
+  e.memory.push_back({"communication buffers", buffers, buffer_formula.empty() ? "none (one GPU per replica)" : buffer_formula});
+
+  for (const Term& term : e.memory) e.memory_total += term.value;
+  e.memory_usable = cluster.gpu.memory_bytes * (1 - cluster.memory_reserve);
+  e.fits = e.memory_total <= e.memory_usable;
+
+  // ---- FLOPs: model (forward + backward = 3 forward) and hardware (what the GPUs execute) ----
+  // Per token: dense part 6 Psi; attention 3 x layers x 4 D x scores / s. The fused backward
+  // recomputes the scores (10 D per score against the forward's 4 D); full recomputation adds a
+  // forward of every layer (2 Psi_layers + 4 D scores / s per layer).
+  const double attention_forward = L * attention_flops_per_score(D) * work.scores / s;  // per token
+  const double dense_model = 6 * e.parameters, attention_model = 3 * attention_forward;
+  const double dense_hw = dense_model + (full ? 2 * L * per_layer : 0);
+  const double attention_hw = attention_forward * (1 + 2.5 + (full ? 1 : 0));
+  const double tokens_per_step = double(training.global_batch_tokens);
+  e.model_flops_per_step = (dense_model + attention_model) * tokens_per_step;
+  e.hardware_flops_per_step = (dense_hw + attention_hw) * tokens_per_step;
+  e.flops.push_back({"dense per token", dense_model, "6 Psi  [Narayanan21]"});
+  e.flops.push_back({"attention per token", attention_model,
+                     "3 x layers x 4 D x scores / s, " + work.spec + ": " + number(work.scores / a / s) +
+                         " scores per query and head"});
+  e.flops.push_back({"model per step", e.model_flops_per_step, "per token x global batch tokens"});
+  e.flops.push_back({"hardware per step", e.hardware_flops_per_step,
+                     std::string("+ the fused backward's recomputed scores") + (full ? " + full recomputation" : "")});
+
+  // ---- Time per step ------------------------------------------------------------------------
+  const double e_attention = attention_efficiency(plan.efficiency, work.kind);
+  const double compute = tokens_per_step * (dense_hw / plan.efficiency.matmul + attention_hw / e_attention) / (gpus * peak);
+  const double per_micro_batch = compute / micro_batches;
+  const double forward_share = (2 * e.parameters + attention_forward) / (dense_hw + attention_hw);
+  const double forward_mb = per_micro_batch * forward_share, backward_mb = per_micro_batch - forward_mb;
+  e.time.push_back({"compute", compute,
+                    "hardware FLOPs / (GPUs x peak x efficiency: matmul " + number(plan.efficiency.matmul) +
+                        ", attention " + number(e_attention) + ")"});
+  e.time.push_back({"pipeline bubble", pipeline_bubble_fraction(p, micro_batches) * compute,
+                    "(pp - 1) / micro-batches x compute, micro-batches = " + number(micro_batches) + "  [Narayanan21]"});
+
+  // Tensor parallel with sequence parallelism: per layer 4 all-gathers / reduce-scatters of
+  // s b h forward and 4 backward (4 more when recomputing), not overlapped.
+  double tensor_time = 0;
+  if (t > 1) {
+    const double operations = full ? 12 : 8;
+    tensor_time = micro_batches * L / p * operations *
+                  all_gather_seconds(b * s_local * h * element, t, link_bandwidth(cluster, 1, layout.tensor));
+  }
+  e.time.push_back({"tensor-parallel communication", tensor_time,
+                    "micro-batches x layers/pp x " + std::string(full ? "12" : "8") +
+                        " all-gathers/reduce-scatters of s b h (exposed)"});
+
+  // Context parallel. Ring: each step's K/V piece overlaps the attention of the previous one,
+  // only the excess is exposed. Dilated: spanning segments all-gather their dilated K/V.
+  double context_time = 0;
+  std::string context_formula = "none (cp = 1)";
+  if (c > 1) {
+    const double bandwidth = link_bandwidth(cluster, layout.tensor, layout.context);
+    const double attention_layer_mb = attention_flops_per_score(D) * work.scores * b / (t * c) / (peak * e_attention);
+    double per_layer_mb = 0;
+    if (!dilated) {
+      double steps = c - 1;
+      if (work.key_reach_tokens > 0)
+        steps = std::min(c - 1, std::ceil(work.key_reach_tokens / s_local) * (model.causal ? 1 : 2));
+      const double piece = 2 * b * s_local * (h / t) * element;
+      const double compute_step = attention_layer_mb / (steps + 1);
+      const double forward = steps * std::max(0.0, piece / bandwidth - compute_step);
+      const double backward = steps * std::max(0.0, (piece + 2 * b * s_local * (h / t) * 4) / bandwidth - 2.5 * compute_step);
+      per_layer_mb = forward * (full ? 2 : 1) + backward;
+      context_formula = "ring: " + number(steps) + " steps per layer, K/V transfer beyond the attention it overlaps";
+    } else {
+      for (const auto& level : work.dilated_levels) {
+        const double segment = std::min(level.segment, s);
+        if (segment <= s_local) continue;
+        const double group = std::min(c, std::ceil(segment / s_local));
+        const double contribution = 2 * b * s_local / level.rate * (level.heads / t) * D;
+        const double gather = all_gather_seconds(group * contribution * element, group, bandwidth);
+        const double scatter = reduce_scatter_seconds(group * contribution * 4, group, bandwidth);
+        per_layer_mb += gather * (full ? 2 : 1) + gather + scatter;
+      }
+      context_formula = "dilated: all-gather of dilated K/V for segments longer than a shard (exposed)";
+    }
+    context_time = micro_batches * L / p * per_layer_mb;
+  }
+  e.time.push_back({"context-parallel communication", context_time, context_formula});
+
+  // Data parallel over dp x cp ranks: ZeRO 0 all-reduces at the end of backward, 1 reduce-
+  // scatters gradients and all-gathers parameters, 2 reduce-scatters every micro-batch, 3 also
+  // gathers parameters for every micro-batch's forward and backward. Each overlaps the compute
+  // beside it; the excess is exposed.
+  double data_time = 0;
+  if (n_dp > 1) {
+    const double bandwidth = link_bandwidth(cluster, layout.tensor, layout.data * layout.context);
+    const double scatter = reduce_scatter_seconds(e.parameters_per_gpu * element, n_dp, bandwidth);
+    const double gather = all_gather_seconds(e.parameters_per_gpu * element, n_dp, bandwidth);
+    const auto excess = [](double comm, double overlapped) { return std::max(0.0, comm - overlapped); };
+    switch (layout.zero_stage) {
+      case 0: data_time = excess(scatter + gather, backward_mb); break;
+      case 1: data_time = excess(scatter, backward_mb) + excess(gather, forward_mb); break;
+      case 2: data_time = micro_batches * excess(scatter, backward_mb) + excess(gather, forward_mb); break;
+      default: data_time = micro_batches * (excess(gather, forward_mb) + excess(gather + scatter, backward_mb)); break;
+    }
+  }
+  e.time.push_back({"data-parallel communication", data_time,
+                    "ZeRO-" + std::to_string(layout.zero_stage) + " gradient/parameter collectives of Psi_gpu over dp x cp = " +
+                        number(n_dp) + " ranks, beyond the overlapped compute"});
+
+  double pipeline_time = 0;
+  if (p > 1)
+    pipeline_time = 2 * (p - 1) * b * s_local * h / t * element /
+                    link_bandwidth(cluster, layout.tensor * layout.context * layout.data, layout.pipeline);
+  e.time.push_back({"pipeline transfers", pipeline_time, "2 (pp - 1) activations of s b h / t on the critical path"});
+
+  for (const Term& term : e.time) e.step_seconds += term.value;
+  e.steps = std::ceil(training.tokens / tokens_per_step);
+  e.days = e.steps * e.step_seconds / 86400;
+  e.gpu_hours = gpus * e.steps * e.step_seconds / 3600;
+  e.cost = e.gpu_hours * cluster.price_per_gpu_hour;
+  e.mfu = e.model_flops_per_step / (e.step_seconds * gpus * peak);
+
+  char text[256];
+  if (e.fits) {
+    std::snprintf(text, sizeof(text), "fits: %.1f GiB of %.1f GiB usable per GPU; %.1f days, $%.3gM", e.memory_total / gib,
+                  e.memory_usable / gib, e.days, e.cost / 1e6);
+  } else {
+    const auto largest = std::max_element(e.memory.begin(), e.memory.end(),
+                                          [](const Term& x, const Term& y) { return x.value < y.value; });
+    std::snprintf(text, sizeof(text),
+                  "does NOT fit: needs %.1f GiB per GPU, %.1f GiB usable (largest part: %s, %.1f GiB); "
+                  "change the layout or run --search",
+                  e.memory_total / gib, e.memory_usable / gib, largest->name.c_str(), largest->value / gib);
+  }
+  e.verdict = text;
+  return e;
+}
+
+namespace {
+
+std::vector<std::int64_t> divisors(std::int64_t n) {
+  std::vector<std::int64_t> out;
+  for (std::int64_t i = 1; i * i <= n; ++i)
+    if (n % i == 0) {
+      out.push_back(i);
+      if (i * i != n) out.push_back(n / i);
+    }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+}  // namespace
+
+SearchResult search(const Plan& plan, std::size_t keep) {
+  validate_inputs(plan);
+  const AttentionWork work = attention_work(plan.model);
+  const ModelConfig& m = plan.model;
+  const std::int64_t gpus = plan.cluster.gpus;
+  const std::int64_t sequences = plan.training.global_batch_tokens / m.sequence;
+  SearchResult result;
+  bool have_smallest = false;
+  for (const std::int64_t tp : divisors(gpus)) {
+    if (plan.cluster.gpu.gpus_per_node % tp || m.heads % tp || m.hidden % tp || m.ffn_size() % tp) continue;
+    for (const std::int64_t pp : divisors(gpus / tp)) {
+      if (m.layers % pp) continue;
+      for (const std::int64_t cp : divisors(gpus / (tp * pp))) {
+        if (m.sequence % cp) continue;
+        const std::int64_t dp = gpus / (tp * pp * cp);
+        for (const std::int64_t micro_batch : {1, 2, 4, 8}) {
+          if (sequences % (dp * micro_batch)) continue;
+          for (const Recompute recompute : {Recompute::none, Recompute::selective, Recompute::full})
+            for (int zero = 0; zero <= 3; ++zero) {
+              if (zero > 0 && dp * cp == 1) continue;  // nothing to partition over
+              Plan candidate = plan;
+              candidate.layout = {tp, pp, dp, cp, zero, micro_batch};
+              candidate.training.recompute = recompute;
+              Estimate e = estimate(candidate, work);
+              ++result.evaluated;
+              if (!have_smallest || e.memory_total < result.smallest.memory_total) {
+                result.smallest = e;
+                have_smallest = true;
+              }
+              if (!e.fits) continue;
+              ++result.fitting;
+              result.best.push_back(std::move(e));
+              std::sort(result.best.begin(), result.best.end(), [](const Estimate& x, const Estimate& y) {
+                return x.step_seconds != y.step_seconds ? x.step_seconds < y.step_seconds : x.memory_total < y.memory_total;
+              });
+              if (result.best.size() > keep) result.best.pop_back();
+            }
+        }
+      }
+    }
+  }
+  return result;
+}
+
+}  // namespace longattn::plan

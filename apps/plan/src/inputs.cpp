@@ -1,0 +1,155 @@
+#include "longattn/plan/inputs.hpp"
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "longattn/error.hpp"
+
+namespace longattn::plan {
+
+const std::vector<GpuSpec>& gpu_table() {
+  static const std::vector<GpuSpec> table = {
+      //  name   bf16 FLOP/s  TF32 FLOP/s  HBM bytes  HBM B/s   NVLink B/s  network B/s  per node
+      {"h100", 989.4e12, 494.7e12, 80e9, 3.35e12, 450e9, 50e9, 8},
+      {"h200", 989.4e12, 494.7e12, 141e9, 4.8e12, 450e9, 50e9, 8},
+      {"a100", 312e12, 156e12, 80e9, 2.039e12, 300e9, 25e9, 8},
+  };
+  return table;
+}
+
+std::string gpu_names() {
+  std::string names;
+  for (const GpuSpec& gpu : gpu_table()) names += (names.empty() ? "" : ", ") + gpu.name;
+  return names;
+}
+
+const GpuSpec& gpu_by_name(const std::string& name) {
+  for (const GpuSpec& gpu : gpu_table())
+    if (gpu.name == name) return gpu;
+  throw_invalid_argument("longattn-plan", "gpu", "\"" + name + "\"", "one of " + gpu_names());
+}
+
+namespace {
+
+const char* where = "longattn-plan";
+
+void require_positive(double value, const char* name) {
+  require(value > 0, where, name, value, "a positive number");
+}
+void require_fraction(double value, const char* name) {
+  require(value > 0 && value <= 1, where, name, value, "a fraction in (0, 1]");
+}
+
+}  // namespace
+
+void validate_inputs(const Plan& plan) {
+  const ModelConfig& m = plan.model;
+  require_positive(double(m.layers), "layers");
+  require_positive(double(m.hidden), "hidden");
+  require_positive(double(m.heads), "heads");
+  require_positive(double(m.vocabulary), "vocabulary");
+  require_positive(double(m.sequence), "sequence");
+  require(m.ffn >= 0, where, "ffn", m.ffn, "a positive FFN size, or 0 for 4 x hidden");
+  require(m.hidden % m.heads == 0, where, "heads", m.heads,
+          "a divisor of hidden = " + std::to_string(m.hidden) + " (head dimension hidden / heads)");
+
+  const TrainingConfig& t = plan.training;
+  require_positive(t.tokens, "tokens");
+  require(t.global_batch_tokens >= m.sequence && t.global_batch_tokens % m.sequence == 0, where,
+          "global-batch-tokens", t.global_batch_tokens,
+          "a whole number of sequences of " + std::to_string(m.sequence) + " tokens");
+
+  const ClusterConfig& c = plan.cluster;
+  require_positive(double(c.gpus), "gpus");
+  require_positive(c.gpu.peak_flops_16bit, "gpu-peak-tflops");
+  require_positive(c.gpu.peak_flops_tf32, "gpu-peak-tf32-tflops");
+  require_positive(c.gpu.memory_bytes, "gpu-memory-gb");
+  require_positive(c.gpu.nvlink_bandwidth, "nvlink-gbps");
+  require_positive(c.gpu.network_bandwidth, "network-gbps");
+  require_positive(double(c.gpu.gpus_per_node), "gpus-per-node");
+  require(c.price_per_gpu_hour >= 0, where, "price", c.price_per_gpu_hour, "a price >= 0 per GPU-hour");
+  require_fraction(c.comm_efficiency, "comm-efficiency");
+  require(c.memory_reserve >= 0 && c.memory_reserve < 1, where, "memory-reserve", c.memory_reserve,
+          "a fraction in [0, 1)");
+
+  const Efficiency& e = plan.efficiency;
+  require_fraction(e.matmul, "efficiency.matmul");
+  require_fraction(e.attention_dense, "efficiency.attention.dense");
+  require_fraction(e.attention_dilated, "efficiency.attention.dilated");
+  require_fraction(e.attention_block_sparse, "efficiency.attention.block_sparse");
+}
+
+void validate_layout(const Plan& plan) {
+  const Layout& l = plan.layout;
+  const ModelConfig& m = plan.model;
+  require_positive(double(l.tensor), "tp");
+  require_positive(double(l.pipeline), "pp");
+  require_positive(double(l.data), "dp");
+  require_positive(double(l.context), "cp");
+  std::ostringstream product;
+  product << l.tensor << " x " << l.pipeline << " x " << l.data << " x " << l.context << " = " << l.gpus();
+  require(l.gpus() == plan.cluster.gpus, where, "tp x pp x dp x cp", product.str(),
+          "the GPU count " + std::to_string(plan.cluster.gpus));
+  require(plan.cluster.gpu.gpus_per_node % l.tensor == 0, where, "tp", l.tensor,
+          "a divisor of the GPUs per node (" + std::to_string(plan.cluster.gpu.gpus_per_node) +
+              "): tensor parallelism stays on NVLink");
+  require(m.heads % l.tensor == 0 && m.hidden % l.tensor == 0 && m.ffn_size() % l.tensor == 0, where, "tp", l.tensor,
+          "a divisor of heads (" + std::to_string(m.heads) + "), hidden (" + std::to_string(m.hidden) +
+              ") and ffn (" + std::to_string(m.ffn_size()) + ")");
+  require(m.layers % l.pipeline == 0, where, "pp", l.pipeline,
+          "a divisor of layers = " + std::to_string(m.layers) + " (equal stages)");
+  require(m.sequence % l.context == 0, where, "cp", l.context,
+          "a divisor of sequence = " + std::to_string(m.sequence) + " (equal shards)");
+  require(l.zero_stage >= 0 && l.zero_stage <= 3, where, "zero", l.zero_stage, "a ZeRO stage 0, 1, 2 or 3");
+  require_positive(double(l.micro_batch), "micro-batch");
+  const std::int64_t sequences = plan.training.global_batch_tokens / m.sequence;
+  require(sequences % (l.data * l.micro_batch) == 0, where, "micro-batch", l.micro_batch,
+          "a size such that dp x micro-batch (" + std::to_string(l.data) + " x " + std::to_string(l.micro_batch) +
+              ") divides the " + std::to_string(sequences) + " sequences of a global batch");
+}
+
+Efficiency uniform_efficiency(double mfu) {
+  Efficiency e{mfu, mfu, mfu, mfu, "--mfu"};
+  require_fraction(mfu, "mfu");
+  return e;
+}
+
+Efficiency read_calibration(const std::string& path) {
+  std::ifstream in(path);
+  require(bool(in), where, "calibration", "\"" + path + "\"", "a readable JSON file");
+  nlohmann::json j;
+  try {
+    in >> j;
+  } catch (const nlohmann::json::exception& error) {
+    throw_invalid_argument(where, "calibration", "\"" + path + "\"", std::string("valid JSON (") + error.what() + ")");
+  }
+  const auto number = [&](const nlohmann::json& object, const char* key, const std::string& name) {
+    require(object.is_object() && object.contains(key) && object[key].is_number(), where, "calibration",
+            "\"" + path + "\"", "a number at \"" + name + "\"");
+    const double value = object[key].get<double>();
+    require(value > 0 && value <= 1, where, "calibration " + name, value, "a fraction of peak in (0, 1]");
+    return value;
+  };
+  Efficiency e;
+  e.matmul = number(j, "matmul", "matmul");
+  const nlohmann::json attention = j.is_object() && j.contains("attention") ? j["attention"] : nlohmann::json();
+  e.attention_dense = number(attention, "dense", "attention.dense");
+  e.attention_dilated = number(attention, "dilated", "attention.dilated");
+  e.attention_block_sparse = number(attention, "block_sparse", "attention.block_sparse");
+  e.source = path + (j.contains("source") && j["source"].is_string() ? " (" + j["source"].get<std::string>() + ")" : "");
+  return e;
+}
+
+const char* to_string(Positions value) { return value == Positions::rotary ? "rotary" : "learned"; }
+const char* to_string(Precision value) {
+  return value == Precision::bf16 ? "bf16" : value == Precision::fp16 ? "fp16" : "fp32";
+}
+const char* to_string(Optimizer value) {
+  return value == Optimizer::adam ? "adam" : value == Optimizer::sgd_momentum ? "sgd_momentum" : "sgd";
+}
+const char* to_string(Recompute value) {
+  return value == Recompute::none ? "none" : value == Recompute::selective ? "selective" : "full";
+}
+
+}  // namespace longattn::plan

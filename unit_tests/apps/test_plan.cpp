@@ -1,0 +1,304 @@
+// longattn-plan's formulas against values worked by hand from the papers they come from, its
+// end-to-end estimates against results the papers report, its block-sparse work counts against
+// the core's layouts, the search, and its errors.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <fstream>
+
+#include "longattn/core/block_sparse_patterns.hpp"
+#include "longattn/core/dilated_attention.hpp"
+#include "longattn/error.hpp"
+#include "longattn/plan/estimate.hpp"
+#include "longattn/plan/formulas.hpp"
+
+using namespace longattn::plan;
+using Catch::Matchers::Contains;
+
+namespace {
+
+// Megatron-LM's GPT configurations (Narayanan21 Table 1; Korthikanti22 Table 3): learned
+// positions, V = 51200, s = 2048, f = 4h.
+ModelConfig megatron(std::int64_t layers, std::int64_t hidden, std::int64_t heads) {
+  ModelConfig m;
+  m.layers = layers;
+  m.hidden = hidden;
+  m.heads = heads;
+  m.vocabulary = 51200;
+  m.sequence = 2048;
+  m.positions = Positions::learned;
+  m.causal = false;  // the papers count all s^2 scores
+  return m;
+}
+
+double relative_error(double value, double expected) { return std::abs(value - expected) / std::abs(expected); }
+
+const Term& term(const std::vector<Term>& terms, const std::string& name) {
+  for (const Term& t : terms)
+    if (t.name == name) return t;
+  FAIL("no term " << name);
+  return terms.front();
+}
+
+}  // namespace
+
+TEST_CASE("Narayanan21: parameter counts of the 175B and 1T GPT configurations", "[plan]") {
+  for (const auto& [layers, hidden, heads, billions] :
+       {std::tuple{96, 12288, 96, 174.6}, std::tuple{128, 25600, 160, 1008.0}}) {
+    const ModelConfig m = megatron(layers, hidden, heads);
+    const double l = layers, h = hidden, V = 51200, s = 2048;
+    // P = 12 l h^2 (1 + 13/(12h) + (V + s)/(12 l h)), plus the final LayerNorm the paper leaves out.
+    const double paper = 12 * l * h * h * (1 + 13 / (12 * h) + (V + s) / (12 * l * h));
+    CHECK(model_parameters(m) == Approx(paper + 2 * h).epsilon(1e-12));
+    CHECK(model_parameters(m) / 1e9 == Approx(billions).epsilon(5e-4));  // as Table 1 prints it
+  }
+}
+
+TEST_CASE("Narayanan21 Eq. 3 and Korthikanti22: FLOPs per iteration", "[plan]") {
+  Plan plan;
+  plan.model = megatron(96, 12288, 96);
+  plan.training.global_batch_tokens = 1536 * 2048;
+  plan.training.recompute = Recompute::full;
+  plan.cluster.gpus = 1024;
+  plan.cluster.gpu = gpu_by_name("a100");
+  plan.layout = {8, 8, 16, 1, 1, 1};
+  const Estimate e = estimate(plan);
+  const double B = 1536, s = 2048, L = 96, h = 12288, V = 51200;
+  // Hardware FLOPs with full recomputation: Eq. 3 (ours counts the fused backward's recomputed
+  // scores, 18 against 16 per layer and score, and the biases: within 0.5%).
+  CHECK(relative_error(e.hardware_flops_per_step, narayanan_flops_per_iteration(B, s, L, h, V)) < 5e-3);
+  // Model FLOPs: 72 B s L h^2 (1 + s/(6h) + V/(12 L h)).
+  CHECK(relative_error(e.model_flops_per_step, korthikanti_model_flops_per_iteration(B, s, L, h, V)) < 5e-3);
+  // Causal attention computes half the scores.
+  Plan causal = plan;
+  causal.model.causal = true;
+  const double attention = term(e.flops, "attention per token").value;
+  CHECK(term(estimate(causal).flops, "attention per token").value == Approx(attention * 2049.0 / 4096).epsilon(1e-9));
+}
+
+TEST_CASE("Narayanan21 Eq. 4: training time of the 175B and 1T runs (34 and 84 days)", "[plan]") {
+  // 175B: 300B tokens, 1024 A100s at 140 TFLOP/s each; 1T: 450B tokens, 3072 A100s at 163.
+  struct Run {
+    std::int64_t layers, hidden, heads, gpus, tp, pp, dp, batch;
+    double tokens, achieved, days;
+  };
+  for (const Run& run : {Run{96, 12288, 96, 1024, 8, 8, 16, 1536, 300e9, 140e12, 34},
+                         Run{128, 25600, 160, 3072, 8, 64, 6, 3072, 450e9, 163e12, 84}}) {
+    Plan plan;
+    plan.model = megatron(run.layers, run.hidden, run.heads);
+    plan.training.tokens = run.tokens;
+    plan.training.global_batch_tokens = run.batch * 2048;
+    plan.training.recompute = Recompute::full;
+    plan.cluster.gpus = run.gpus;
+    plan.cluster.gpu = gpu_by_name("a100");
+    plan.layout = {run.tp, run.pp, run.dp, 1, 1, 1};
+    plan.efficiency = uniform_efficiency(run.achieved / 312e12);
+    const Estimate e = estimate(plan);
+    const double eq4_days = narayanan_training_seconds(run.tokens, e.parameters, double(run.gpus), run.achieved) / 86400;
+    CHECK(eq4_days == Approx(run.days).epsilon(0.01));  // the paper rounds to whole days
+    // The X of Eq. 4 is achieved end to end, so the planner's compute time alone matches Eq. 3's
+    // FLOPs at X (to 0.5%), and Eq. 4, which drops Eq. 3's s/(6h) and V/(16 L h), to 4%.
+    const double compute_days = term(e.time, "compute").value * e.steps / 86400;
+    const double eq3_days = e.steps *
+                            narayanan_flops_per_iteration(double(run.batch), 2048, double(run.layers), double(run.hidden), 51200) /
+                            (double(run.gpus) * run.achieved) / 86400;
+    CHECK(relative_error(compute_days, eq3_days) < 5e-3);
+    CHECK(relative_error(compute_days, eq4_days) < 0.04);
+    CHECK(e.days > compute_days);  // plus bubble and exposed communication
+  }
+}
+
+TEST_CASE("Narayanan21: pipeline bubble (p - 1) / m of the 1T run", "[plan]") {
+  Plan plan;
+  plan.model = megatron(128, 25600, 160);
+  plan.training.global_batch_tokens = 3072 * 2048;
+  plan.training.recompute = Recompute::full;
+  plan.cluster.gpus = 3072;
+  plan.cluster.gpu = gpu_by_name("a100");
+  plan.layout = {8, 64, 6, 1, 1, 1};
+  const Estimate e = estimate(plan);
+  CHECK(e.micro_batches == 512);
+  CHECK(pipeline_bubble_fraction(64, 512) == Approx(63.0 / 512));
+  CHECK(term(e.time, "pipeline bubble").value == Approx(63.0 / 512 * term(e.time, "compute").value));
+}
+
+TEST_CASE("Korthikanti22: activation memory per layer of GPT-3 175B (s 2048, b 1, h 12288, a 96, t 8)", "[plan]") {
+  const double sbh = 2048.0 * 12288;  // 25,165,824
+  ActivationInputs x{2048, 1, 12288, 96, 1, 96.0 * 2048 * 2048, Recompute::none, false, false};
+  CHECK(activation_bytes_per_layer(x) == 2868903936.0);  // s b h (34 + 5 a s / h) = 114 s b h
+  x.t = 8;
+  CHECK(activation_bytes_per_layer(x) == 578813952.0);   // s b h (10 + 24/t + 5 a s/(h t)) = 23 s b h
+  x.sequence_parallel = true;
+  CHECK(activation_bytes_per_layer(x) == 358612992.0);   // s b h (34/t + 5 a s/(h t)) = 14.25 s b h
+  x.recompute = Recompute::selective;
+  CHECK(activation_bytes_per_layer(x) == 106954752.0);   // 34 s b h / t
+  // The paper's claim: sequence parallelism + selective recomputation need 5x less than tensor
+  // parallelism alone.
+  CHECK(578813952.0 / activation_bytes_per_layer(x) > 5);
+  x.recompute = Recompute::full;
+  CHECK(activation_bytes_per_layer(x) == 2 * sbh / 8);
+  x.sequence_parallel = false;
+  CHECK(activation_bytes_per_layer(x) == 2 * sbh);
+  // A fused kernel keeps the log-sum-exp (fp32 per query and head) instead of 5 a s^2 b.
+  x = {2048, 1, 12288, 96, 8, 96.0 * 2048 * 2048, Recompute::none, true, true};
+  CHECK(activation_bytes_per_layer(x) == 34 * sbh / 8 + 4.0 * 96 * 2048 / 8);
+}
+
+TEST_CASE("Rajbhandari20: model-state memory of Figure 1 and Table 1", "[plan]") {
+  // Figure 1: Psi = 7.5B, N_d = 64, K = 12: 120 GB, 31.4 GB, 16.6 GB, 1.9 GB.
+  const double psi = 7.5e9;
+  const double expected[] = {120e9, 31.4e9, 16.6e9, 1.9e9};
+  for (int stage = 0; stage <= 3; ++stage)
+    CHECK(model_state_bytes(psi, 64, stage, Precision::bf16, Optimizer::adam).total() ==
+          Approx(expected[stage]).margin(0.05e9));
+  // Table 1: a 1T-parameter model on 1024 GPUs with all three: 15.6 GB per device.
+  CHECK(model_state_bytes(1e12, 1024, 3, Precision::bf16, Optimizer::adam).total() == Approx(15.6e9).margin(0.05e9));
+  // fp32 training keeps no master copy: 4 + 4 + 8 bytes for Adam.
+  CHECK(model_state_bytes(1, 1, 0, Precision::fp32, Optimizer::adam).total() == 16);
+  CHECK(model_state_bytes(1, 1, 0, Precision::bf16, Optimizer::sgd).total() == 8);
+}
+
+TEST_CASE("block-sparse work is the core layouts' kept blocks", "[plan]") {
+  using Exec = Kokkos::DefaultHostExecutionSpace;
+  const std::int64_t tokens = 64 * 37 + 19;  // odd: a short last block
+  struct Case {
+    std::string spec;
+    longattn::BlockSparseConfig config;
+  };
+  std::vector<Case> cases;
+  const auto add = [&](std::string spec, auto&& set) {
+    Case c{spec, {}};
+    set(c.config);
+    cases.push_back(c);
+  };
+  using P = longattn::BlockSparsePattern;
+  add("block_sparse:pattern=full", [](auto& c) { c.pattern = P::full; });
+  add("block_sparse:pattern=local_window;radius=200", [](auto& c) { c.pattern = P::local_window, c.radius = 200; });
+  add("block_sparse:pattern=local_window;radius=0", [](auto& c) { c.pattern = P::local_window, c.radius = 0; });
+  add("block_sparse:pattern=dilated;rates=1,3,8,3", [](auto& c) { c.pattern = P::dilated, c.rates = {1, 3, 8, 3}; });
+  add("block_sparse:pattern=global_local;global=100;radius=64",
+      [](auto& c) { c.pattern = P::global_local, c.global_tokens = 100, c.radius = 64; });
+  add("block_sparse:pattern=random;density=0.3", [](auto& c) { c.pattern = P::random, c.density = 0.3; });
+  add("block_sparse:density=0.05", [](auto& c) { c.pattern = P::random, c.density = 0.05; });
+  for (const Case& c : cases)
+    for (const bool causal : {false, true}) {
+      INFO(c.spec << (causal ? " causal" : ""));
+      ModelConfig m;
+      m.sequence = tokens;
+      m.heads = 4;
+      m.hidden = 256;
+      m.attention = c.spec;
+      m.causal = causal;
+      longattn::BlockSparseShape shape;
+      shape.queries = shape.keys = tokens;
+      Kokkos::View<float****, Exec> q("q", 1, tokens, 1, 8);
+      const auto layout = longattn::block_sparse_layout(Exec(), c.config, q, q, causal);
+      CHECK(attention_work(m).scores == double(layout.kept_blocks()) * 64 * 64 * m.heads);
+    }
+}
+
+TEST_CASE("dense and dilated work, and what context parallelism and recomputation change", "[plan]") {
+  Plan plan;
+  plan.model.sequence = 1 << 20;
+  plan.model.attention = "dilated:w=2048,8192,65536,1048576;r=1,4,32,512";
+  plan.training.global_batch_tokens = 4 << 20;
+  plan.cluster.gpus = 256;
+  plan.layout = {8, 1, 1, 32, 1, 1};
+  const AttentionWork work = attention_work(plan.model);
+  CHECK(work.scores == longattn::dilated_attention_scores(1 << 20, 160, {{2048, 8192, 65536, 1048576}, {1, 4, 32, 512}}, true));
+  REQUIRE(work.dilated_levels.size() == 4);
+  CHECK(work.dilated_levels[3].heads == 160);  // longnet: every head every configuration
+  const Estimate base = estimate(plan, work);
+  CHECK(term(base.time, "context-parallel communication").value > 0);  // 65536 and 1M span shards of 32768
+
+  Plan wider = plan;  // twice the context parallelism: half the activations per GPU
+  wider.cluster.gpus = 512;
+  wider.layout.context = 64;
+  CHECK(term(estimate(wider).memory, "activations").value ==
+        Approx(term(base.memory, "activations").value / 2).epsilon(0.01));
+
+  double previous = 1e300;
+  for (const Recompute r : {Recompute::none, Recompute::selective, Recompute::full}) {
+    Plan p = plan;
+    p.training.recompute = r;
+    const double bytes = term(estimate(p).memory, "activations").value;
+    CHECK(bytes < previous);
+    previous = bytes;
+  }
+  Plan fast_network = plan;  // with a network too fast to see, nothing is exposed
+  fast_network.cluster.gpu.network_bandwidth = fast_network.cluster.gpu.nvlink_bandwidth = 1e30;
+  const Estimate quiet = estimate(fast_network);
+  CHECK(term(quiet.time, "context-parallel communication").value < 1e-9);
+  CHECK(quiet.step_seconds < base.step_seconds);
+
+  Plan dense = plan;  // ring attention for dense: 1M-token dense attention is mostly compute
+  dense.model.attention = "dense";
+  const Estimate d = estimate(dense);
+  // 1M-token dense attention: 2.1e13 FLOPs per token against the dense part's 6e12.
+  CHECK(term(d.flops, "attention per token").value > 3 * term(d.flops, "dense per token").value);
+  CHECK(d.model_flops_per_step > 4 * base.model_flops_per_step);
+  CHECK(term(d.memory, "communication buffers").formula.find("ring") != std::string::npos);
+}
+
+TEST_CASE("search: every layout it returns fits, uses every GPU and is no slower than the next", "[plan]") {
+  Plan plan;  // the 1T model, 2K context, on 400 H100s
+  const SearchResult result = search(plan, 8);
+  REQUIRE(result.fitting > 0);
+  REQUIRE(!result.best.empty());
+  for (std::size_t i = 0; i < result.best.size(); ++i) {
+    const Estimate& e = result.best[i];
+    CHECK(e.fits);
+    CHECK(e.plan.layout.gpus() == 400);
+    CHECK(e.memory_total <= e.memory_usable);
+    if (i > 0) CHECK(result.best[i - 1].step_seconds <= e.step_seconds);
+  }
+  // The default layout (tp 8, dp 50, ZeRO-1) does not fit: parameters alone need 252 GB per GPU.
+  plan.layout = {8, 1, 50, 1, 1, 1};
+  const Estimate naive = estimate(plan);
+  CHECK_FALSE(naive.fits);
+  CHECK_THAT(naive.verdict, Contains("does NOT fit"));
+  // A model that fits nowhere: 1T parameters on 8 GPUs.
+  plan.cluster.gpus = 8;
+  const SearchResult none = search(plan, 3);
+  CHECK(none.fitting == 0);
+  CHECK(none.best.empty());
+  CHECK(none.evaluated > 0);
+  CHECK_FALSE(none.smallest.fits);
+}
+
+TEST_CASE("bad input is refused with what is valid", "[plan][errors]") {
+  const auto fails = [](auto&& change, const std::string& message) {
+    Plan plan;
+    plan.layout = {8, 1, 50, 1, 1, 1};
+    change(plan);
+    INFO(message);
+    CHECK_THROWS_WITH(estimate(plan), Contains(message));
+  };
+  fails([](Plan& p) { p.model.heads = 7; }, "argument 'heads' is 7, expected a divisor of hidden = 25600");
+  fails([](Plan& p) { p.model.layers = 0; }, "argument 'layers' is 0, expected a positive number");
+  fails([](Plan& p) { p.model.hidden = -5; }, "argument 'hidden' is -5");
+  fails([](Plan& p) { p.layout.data = 49; }, "argument 'tp x pp x dp x cp' is 8 x 1 x 49 x 1 = 392, expected the GPU count 400");
+  fails([](Plan& p) { p.layout = {3, 1, 50, 1, 1, 1}; p.cluster.gpus = 150; }, "argument 'tp' is 3, expected a divisor of the GPUs per node (8)");
+  fails([](Plan& p) { p.layout = {8, 3, 50, 1, 1, 1}; p.cluster.gpus = 1200; }, "argument 'pp' is 3, expected a divisor of layers = 128");
+  fails([](Plan& p) { p.layout.zero_stage = 4; }, "argument 'zero' is 4, expected a ZeRO stage 0, 1, 2 or 3");
+  fails([](Plan& p) { p.training.global_batch_tokens = 1000; }, "argument 'global-batch-tokens' is 1000");
+  fails([](Plan& p) { p.efficiency.matmul = 1.5; }, "argument 'efficiency.matmul' is 1.5, expected a fraction in (0, 1]");
+  fails([](Plan& p) { p.model.attention = "sparse"; }, "dense, auto, dilated:w=");
+  CHECK_THROWS_WITH(gpu_by_name("v100"), Contains("argument 'gpu' is \"v100\", expected one of h100, h200, a100"));
+  CHECK_THROWS_WITH(uniform_efficiency(0), Contains("argument 'mfu' is 0"));
+}
+
+TEST_CASE("calibration files: read, and refused when a value is missing or not a fraction", "[plan][errors]") {
+  const std::string path = "longattn_plan_test_calibration.json";
+  std::ofstream(path) << R"({"matmul": 0.6, "attention": {"dense": 0.5, "dilated": 0.4, "block_sparse": 0.3}, "source": "test"})";
+  const Efficiency e = read_calibration(path);
+  CHECK(e.matmul == 0.6);
+  CHECK(e.attention_dilated == 0.4);
+  CHECK_THAT(e.source, Contains("test"));
+  std::ofstream(path) << R"({"matmul": 0.6, "attention": {"dense": 1.7, "dilated": 0.4, "block_sparse": 0.3}})";
+  CHECK_THROWS_WITH(read_calibration(path), Contains("argument 'calibration attention.dense' is 1.7"));
+  std::ofstream(path) << R"({"matmul": 0.6})";
+  CHECK_THROWS_WITH(read_calibration(path), Contains("a number at \"attention.dense\""));
+  std::remove(path.c_str());
+  CHECK_THROWS_WITH(read_calibration(path), Contains("a readable JSON file"));
+}
