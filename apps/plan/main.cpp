@@ -151,7 +151,7 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& error) {
     return app.exit(error);
   } catch (const longattn::Error& error) {
-    std::cerr << "longattn-plan: error: " << error.what() << "\n";
+    std::cerr << "error: " << error.what() << "\n";
     return 2;
   }
 
@@ -227,7 +227,7 @@ int main(int argc, char** argv) {
       out << json.dump(2) << "\n";
     }
   } catch (const longattn::Error& error) {
-    std::cerr << "longattn-plan: error: " << error.what() << "\n";
+    std::cerr << "error: " << error.what() << "\n";
     return 2;
   }
   return 0;

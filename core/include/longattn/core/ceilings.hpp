@@ -30,11 +30,20 @@ namespace detail {
 #define LONGATTN_FMA_CHAINS_NOINLINE
 #endif
 
-// Each work item runs 12 chains of 16 floats: 12 independent AVX-512 registers cover the
-// 4-cycle FMA latency on two FMA ports. The compiler vectorizes the lane loop and keeps all
-// accumulators in registers.
+// Each work item runs 12 independent vector registers of chains: 12 cover the 4-cycle FMA
+// latency on two FMA ports, and fit the register file (AVX-512: 12 of 32 zmm; AVX2: 12 of 16
+// ymm, where 12 chains of 16 floats would need 24 and spill, measuring half the peak). The
+// compiler vectorizes the lane loop and keeps all accumulators in registers. A CUDA build
+// keeps 16 floats in both compiler passes, so that host and device agree on the work counted.
 struct FmaChains {
-  static constexpr int kLanes = 16 * 12;
+#if defined(__AVX512F__) || defined(KOKKOS_ENABLE_CUDA)
+  static constexpr int kVectorFloats = 16;
+#elif defined(__AVX__)
+  static constexpr int kVectorFloats = 8;
+#else
+  static constexpr int kVectorFloats = 4;
+#endif
+  static constexpr int kLanes = kVectorFloats * 12;
   std::int64_t iterations;
   float mul, add;  // acc -> acc * 0.9999 + 0.0001 stays at 1: no overflow, no denormals
 

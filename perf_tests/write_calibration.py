@@ -1,0 +1,65 @@
+#!/usr/bin/env python3
+"""Writes the kernel efficiencies longattn-plan reads with --calibration: the fraction of the
+machine's measured peak that the matmul (sgemm through Kokkos Kernels) and the fused attention
+kernels (dense, dilated, block-sparse; forward + backward) reach on this machine.
+
+    perf_tests/write_calibration.py BUILD_DIR OUT.json
+
+BUILD_DIR is a build with apps and benchmarks (build/test). The peak and sgemm come from
+longattn-info --json, the attention rates from longattn_bench_attention in the same run. Run it
+on the machine you plan for (on a GPU build, the GPU's kernels); the planner applies these
+fractions to the GPU table's peak.
+"""
+import datetime
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+# One representative shape per kind (B = 1, H = 8, fp32): forward + backward.
+BENCHMARKS = {
+    "dense": "BM_AttentionForwardBackward/8192/128/1",       # N = 8192, D = 128, causal
+    "dilated": "BM_DilatedForwardBackward/65536/1/0",        # N = 64K, causal, longnet
+    "block_sparse": "BM_BlockSparseForwardBackward/65536/0/10",  # N = 64K, density 10%
+}
+
+
+def main():
+    if len(sys.argv) != 3:
+        sys.exit(__doc__)
+    build, out_path = sys.argv[1], sys.argv[2]
+    # Kokkos' advice for benchmarks (and no warning on stdout, which carries the JSON).
+    env = dict(os.environ)
+    env.setdefault("OMP_PROC_BIND", "spread")
+    env.setdefault("OMP_PLACES", "threads")
+    with tempfile.TemporaryDirectory() as tmp:
+        info_json = os.path.join(tmp, "info.json")
+        subprocess.run([os.path.join(build, "apps/info/longattn-info"), "--json", info_json], check=True,
+                       stdout=subprocess.DEVNULL, env=env)
+        with open(info_json) as f:
+            ceilings = json.load(f)["ceilings"]
+    peak = ceilings["fp32_fma_peak_all_cores"]["gflops"]
+    efficiency = {"matmul": ceilings["sgemm_all_cores"]["gflops"] / peak, "attention": {}}
+    bench = os.path.join(build, "perf_tests/longattn_bench_attention")
+    for kind, name in BENCHMARKS.items():
+        run = subprocess.run([bench, "--benchmark_filter=^" + name + "/", "--benchmark_format=json"], check=True,
+                             capture_output=True, text=True, env=env)
+        results = [b for b in json.loads(run.stdout)["benchmarks"] if b["name"].startswith(name)]
+        if not results:
+            sys.exit(f"write_calibration.py: benchmark {name} did not run")
+        efficiency["attention"][kind] = results[0]["FLOP/s"] / 1e9 / peak
+    for name, value in [("matmul", efficiency["matmul"])] + list(efficiency["attention"].items()):
+        if not 0 < value <= 1:
+            sys.exit(f"write_calibration.py: {name} reached {value:.3f} of the measured peak ({peak:.1f} GFLOP/s); "
+                     "the peak probe underestimates this machine, re-run on a quiet machine")
+    efficiency["source"] = (f"measured {datetime.date.today()}, {ceilings['cores']} cores, "
+                            f"FP32 FMA peak {peak:.1f} GFLOP/s; " + ", ".join(f"{k}: {v}" for k, v in BENCHMARKS.items()))
+    with open(out_path, "w") as f:
+        json.dump(efficiency, f, indent=2)
+        f.write("\n")
+    print(json.dumps(efficiency, indent=2))
+
+
+if __name__ == "__main__":
+    main()
