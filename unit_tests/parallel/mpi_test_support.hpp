@@ -19,12 +19,17 @@ inline std::uint64_t shared_seed() {
   return seed;
 }
 
-// ranks_per_node > 0 simulates nodes of that many consecutive ranks.
-inline parallel::Communicator throwing_world(int ranks_per_node = 0) {
+// Errors thrown instead of aborting the job; ranks_per_node > 0 simulates nodes of that many
+// consecutive ranks.
+inline parallel::CommunicatorOptions throwing_options(int ranks_per_node = 0) {
   parallel::CommunicatorOptions options;
   options.on_error = parallel::ErrorPolicy::throw_error;
   options.ranks_per_node = ranks_per_node;
-  return parallel::Communicator::world(options);
+  return options;
+}
+
+inline parallel::Communicator throwing_world(int ranks_per_node = 0) {
+  return parallel::Communicator::world(throwing_options(ranks_per_node));
 }
 
 inline std::int64_t sum_over_ranks(std::int64_t mine) {

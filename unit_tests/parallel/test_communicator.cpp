@@ -15,6 +15,7 @@
 #include "execution_spaces.hpp"
 #include "longattn/error.hpp"
 #include "longattn/parallel/communicator.hpp"
+#include "mpi_test_support.hpp"
 #include "reference/random.hpp"
 
 namespace {
@@ -22,16 +23,12 @@ namespace {
 using longattn::parallel::Communicator;
 using longattn::parallel::CommunicatorOptions;
 using longattn::parallel::DataType;
-using longattn::parallel::ErrorPolicy;
 using longattn::parallel::ReduceOp;
 using longattn::parallel::data_type_of;
 
 // One seed for every rank (rank 0's), so each rank knows what every other rank contributes.
-std::uint64_t shared_seed() {
-  std::uint64_t seed = longattn::test::test_seed();
-  MPI_Bcast(&seed, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
-  return seed;
-}
+using longattn::test::shared_seed;
+using longattn::test::throwing_options;
 
 // What rank `rank` contributes at element i: a multiple of 1/4 in [-8, 8].
 template <class T>
@@ -82,13 +79,6 @@ int world_size() {
   return s;
 }
 
-CommunicatorOptions throwing(int ranks_per_node = 0) {
-  CommunicatorOptions o;
-  o.ranks_per_node = ranks_per_node;
-  o.on_error = ErrorPolicy::throw_error;
-  return o;
-}
-
 template <class T>
 void check_all_reduce(const Communicator& comm, std::uint64_t seed, const std::vector<int>& members, bool hierarchical) {
   const std::vector<ReduceOp> ops = std::is_integral_v<T>
@@ -121,7 +111,7 @@ TEST_CASE("a communicator knows its ranks and nodes", "[parallel][communicator]"
 
   for (const int per_node : {1, 2, 3}) {
     INFO(per_node << " ranks per simulated node");
-    const Communicator sim = Communicator::world(throwing(per_node));
+    const Communicator sim = Communicator::world(throwing_options(per_node));
     const int size = world_size(), rank = world_rank();
     CHECK(sim.nodes() == (size + per_node - 1) / per_node);
     CHECK(sim.node() == rank / per_node);
@@ -133,10 +123,10 @@ TEST_CASE("a communicator knows its ranks and nodes", "[parallel][communicator]"
 
 TEST_CASE("LONGATTN_RANKS_PER_NODE simulates nodes, and a bad value is refused", "[parallel][communicator]") {
   setenv("LONGATTN_RANKS_PER_NODE", "2", 1);
-  const Communicator sim = Communicator::world(throwing());
+  const Communicator sim = Communicator::world(throwing_options());
   CHECK(sim.local_rank() == world_rank() % 2);
   setenv("LONGATTN_RANKS_PER_NODE", "two", 1);
-  CHECK_THROWS_WITH(Communicator::world(throwing()),
+  CHECK_THROWS_WITH(Communicator::world(throwing_options()),
                     Catch::Contains("'LONGATTN_RANKS_PER_NODE' is \"two\"") && Catch::Contains("positive number"));
   unsetenv("LONGATTN_RANKS_PER_NODE");
 }
@@ -145,7 +135,7 @@ TEMPLATE_TEST_CASE("all_reduce equals the serial reduction", "[parallel][collect
                    std::int64_t) {
   const std::uint64_t seed = shared_seed();
   INFO("seed " << seed);
-  check_all_reduce<TestType>(Communicator::world(throwing()), seed, all_ranks(world_size()), false);
+  check_all_reduce<TestType>(Communicator::world(throwing_options()), seed, all_ranks(world_size()), false);
 }
 
 TEMPLATE_TEST_CASE("the hierarchical all-reduce equals the serial reduction on real and simulated nodes",
@@ -154,14 +144,14 @@ TEMPLATE_TEST_CASE("the hierarchical all-reduce equals the serial reduction on r
   INFO("seed " << seed);
   for (const int per_node : {0, 1, 2, 3}) {  // 0: this machine's node; 2 at 4 ranks: 2 nodes x 2
     INFO(per_node << " ranks per node");
-    check_all_reduce<TestType>(Communicator::world(throwing(per_node)), seed, all_ranks(world_size()), true);
+    check_all_reduce<TestType>(Communicator::world(throwing_options(per_node)), seed, all_ranks(world_size()), true);
   }
 }
 
 TEST_CASE("nonblocking all-reduces, flat and hierarchical, several in flight", "[parallel][collectives]") {
   const std::uint64_t seed = shared_seed();
   INFO("seed " << seed);
-  const Communicator comm = Communicator::world(throwing(2));
+  const Communicator comm = Communicator::world(throwing_options(2));
   const std::vector<int> members = all_ranks(world_size());
   std::vector<std::vector<float>> data;
   std::vector<longattn::parallel::Request> requests;
@@ -183,7 +173,7 @@ TEST_CASE("nonblocking all-reduces, flat and hierarchical, several in flight", "
 TEST_CASE("reduce_scatter, all_gather, broadcast and barrier", "[parallel][collectives]") {
   const std::uint64_t seed = shared_seed();
   INFO("seed " << seed);
-  const Communicator comm = Communicator::world(throwing());
+  const Communicator comm = Communicator::world(throwing_options());
   const int P = comm.size(), me = comm.rank();
   const std::size_t block = 777;
   const std::vector<double> send = contribution<double>(seed, me, block * std::size_t(P));
@@ -208,7 +198,7 @@ TEST_CASE("reduce_scatter, all_gather, broadcast and barrier", "[parallel][colle
 
 TEST_CASE("isend and irecv pass a message around the ring", "[parallel][point_to_point]") {
   const std::uint64_t seed = shared_seed();
-  const Communicator comm = Communicator::world(throwing());
+  const Communicator comm = Communicator::world(throwing_options());
   const int P = comm.size(), me = comm.rank();
   const std::vector<float> out = contribution<float>(seed, me, 10007);
   std::vector<float> in(10007, -1.0f);
@@ -222,7 +212,7 @@ TEST_CASE("isend and irecv pass a message around the ring", "[parallel][point_to
 TEST_CASE("sub-communicators and the data x context grid reduce over their own ranks", "[parallel][communicator]") {
   const std::uint64_t seed = shared_seed();
   INFO("seed " << seed);
-  const Communicator world = Communicator::world(throwing(2));
+  const Communicator world = Communicator::world(throwing_options(2));
   const int P = world.size(), me = world.rank();
 
   const Communicator halves = world.split(me % 2, -me);  // key reverses the order
@@ -257,7 +247,7 @@ TEST_CASE("sub-communicators and the data x context grid reduce over their own r
 TEMPLATE_LIST_TEST_CASE("Views are reduced in place", "[parallel][collectives]", longattn::test::ExecutionSpaces) {
   using Exec = TestType;
   const std::uint64_t seed = shared_seed();
-  const Communicator comm = Communicator::world(throwing(2));
+  const Communicator comm = Communicator::world(throwing_options(2));
   if (!Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename Exec::memory_space>::accessible && comm.size() > 1) {
     WARN("device memory goes through NCCL, which needs a GPU per rank: checked with one rank");
     return;
@@ -278,7 +268,7 @@ TEMPLATE_LIST_TEST_CASE("Views are reduced in place", "[parallel][collectives]",
 }
 
 TEST_CASE("bad arguments are longattn::Errors when every rank makes the same call", "[parallel][errors]") {
-  const Communicator comm = Communicator::world(throwing());
+  const Communicator comm = Communicator::world(throwing_options());
   float x[4] = {};
   std::int32_t n[4] = {};
   CHECK_THROWS_WITH(comm.all_reduce(nullptr, x, 4, DataType::float32, ReduceOp::sum),
@@ -300,7 +290,7 @@ TEST_CASE("bad arguments are longattn::Errors when every rank makes the same cal
 
 TEST_CASE("with verify_collectives, counts that differ between ranks are an error on every rank",
           "[parallel][errors]") {
-  CommunicatorOptions options = throwing();
+  CommunicatorOptions options = throwing_options();
   options.verify_collectives = true;
   const Communicator comm = Communicator::world(options);
   std::vector<float> data(8, 1.0f);

@@ -10,13 +10,12 @@
 
 #include "longattn/error.hpp"
 #include "longattn/parallel/gradient_buckets.hpp"
+#include "mpi_test_support.hpp"
 #include "reference/random.hpp"
 
 namespace {
 
 using longattn::parallel::Communicator;
-using longattn::parallel::CommunicatorOptions;
-using longattn::parallel::ErrorPolicy;
 using longattn::parallel::GradientBucketOptions;
 using longattn::parallel::GradientBuckets;
 
@@ -28,12 +27,7 @@ double contribution(std::uint64_t seed, int rank, int step, int gradient, std::s
   return double(std::int64_t(h >> 58) - 32) / 4.0;
 }
 
-CommunicatorOptions throwing(int ranks_per_node) {
-  CommunicatorOptions o;
-  o.ranks_per_node = ranks_per_node;
-  o.on_error = ErrorPolicy::throw_error;
-  return o;
-}
+using longattn::test::throwing_options;
 
 }  // namespace
 
@@ -44,7 +38,7 @@ TEST_CASE("bucketed gradients are averaged over the ranks, buckets starting duri
   for (const int per_node : {0, 2}) {
     for (const bool hierarchical : {false, true}) {
       INFO(per_node << " ranks per node, hierarchical " << hierarchical);
-      const Communicator comm = Communicator::world(throwing(per_node));
+      const Communicator comm = Communicator::world(throwing_options(per_node));
       const int P = comm.size();
       // 200 gradients: odd sizes, floats with a few doubles between, and one of 80 KiB.
       std::vector<std::vector<float>> floats;
@@ -108,7 +102,7 @@ TEST_CASE("gradients stored in their buckets are reduced where they are, kept on
   std::uint64_t seed = longattn::test::test_seed();
   MPI_Bcast(&seed, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
   INFO("seed " << seed);
-  const Communicator comm = Communicator::world(throwing(2));
+  const Communicator comm = Communicator::world(throwing_options(2));
   GradientBucketOptions options;
   options.bucket_bytes = 4096;
   GradientBuckets buckets(comm, options);
@@ -154,7 +148,7 @@ TEST_CASE("gradients stored in their buckets are reduced where they are, kept on
 }
 
 TEST_CASE("the first buckets start while later gradients are not yet ready", "[parallel][buckets]") {
-  const Communicator comm = Communicator::world(throwing(0));
+  const Communicator comm = Communicator::world(throwing_options(0));
   std::vector<std::vector<float>> grads(40, std::vector<float>(1000, 1.0f));  // 4 KB each
   GradientBucketOptions options;
   options.bucket_bytes = 8000;  // two gradients per bucket
@@ -168,7 +162,7 @@ TEST_CASE("the first buckets start while later gradients are not yet ready", "[p
 }
 
 TEST_CASE("GradientBuckets refuses bad input", "[parallel][buckets][errors]") {
-  const Communicator comm = Communicator::world(throwing(0));
+  const Communicator comm = Communicator::world(throwing_options(0));
   std::vector<float> g(10);
   std::vector<std::int32_t> ints(10);
   GradientBucketOptions zero;

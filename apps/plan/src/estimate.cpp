@@ -176,7 +176,8 @@ Estimate estimate(const Plan& plan, const AttentionWork& work) {
                           " B (" + to_string(training.optimizer) + ", " + to_string(training.precision) + ")" +
                           (layout.zero_stage >= 1 ? zero_over : "") + "  [ZeRO]"});
 
-  const ActivationInputs per_layer_inputs{s_local, b, h, a, t, work.scores / (c * c), training.recompute, true, true};
+  // Fused attention stores the LSE, not the scores, so their count does not enter.
+  const ActivationInputs per_layer_inputs{s_local, b, h, a, t, 0, training.recompute, true, true};
   const double layer_activations = activation_bytes_per_layer(per_layer_inputs) * element / 2;
   const double in_flight = std::min(p, micro_batches);
   const double logits = 4 * s_local * b * V / t;

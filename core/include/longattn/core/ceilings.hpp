@@ -5,6 +5,7 @@
 #include <Kokkos_Core.hpp>
 #include <cstdint>
 
+#include "longattn/core/detail/pack.hpp"  // host_simd_bytes
 #include "longattn/core/gemm.hpp"
 #include "longattn/error.hpp"
 
@@ -36,12 +37,10 @@ namespace detail {
 // compiler vectorizes the lane loop and keeps all accumulators in registers. A CUDA build
 // keeps 16 floats in both compiler passes, so that host and device agree on the work counted.
 struct FmaChains {
-#if defined(__AVX512F__) || defined(KOKKOS_ENABLE_CUDA)
+#if defined(KOKKOS_ENABLE_CUDA)
   static constexpr int kVectorFloats = 16;
-#elif defined(__AVX__)
-  static constexpr int kVectorFloats = 8;
 #else
-  static constexpr int kVectorFloats = 4;
+  static constexpr int kVectorFloats = host_simd_bytes / int(sizeof(float));
 #endif
   static constexpr int kLanes = kVectorFloats * 12;
   std::int64_t iterations;
