@@ -13,47 +13,12 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "longattn/apps/cli_config.hpp"
 #include "longattn/error.hpp"
 #include "longattn/plan/estimate.hpp"
 #include "longattn/plan/report.hpp"
 
-namespace {
-
 using namespace longattn::plan;
-
-// --config FILE: a JSON object whose keys are the long option names; its values come before the
-// command line's, so options given on the command line win.
-std::vector<std::string> config_arguments(const CLI::App& app, const std::string& path) {
-  std::ifstream in(path);
-  longattn::require(bool(in), "longattn-plan", "config", "\"" + path + "\"", "a readable JSON file");
-  nlohmann::json config;
-  try {
-    in >> config;
-  } catch (const nlohmann::json::exception& error) {
-    longattn::throw_invalid_argument("longattn-plan", "config", "\"" + path + "\"",
-                                     std::string("valid JSON (") + error.what() + ")");
-  }
-  longattn::require(config.is_object(), "longattn-plan", "config", "\"" + path + "\"", "a JSON object");
-  std::vector<std::string> args;
-  for (const auto& [key, value] : config.items()) {
-    if (app.get_option_no_throw("--" + key) == nullptr || key == "config") {
-      std::string valid;
-      for (const CLI::Option* option : app.get_options())
-        if (!option->get_lnames().empty() && option->get_lnames()[0] != "help" && option->get_lnames()[0] != "config")
-          valid += (valid.empty() ? "" : ", ") + option->get_lnames()[0];
-      longattn::throw_invalid_argument("longattn-plan", "config key", "\"" + key + "\"", "one of " + valid);
-    }
-    const auto text = [](const nlohmann::json& item) { return item.is_string() ? item.get<std::string>() : item.dump(); };
-    if (value.is_array()) {
-      for (const auto& item : value) args.insert(args.end(), {"--" + key, text(item)});
-    } else {
-      args.insert(args.end(), {"--" + key, text(value)});
-    }
-  }
-  return args;
-}
-
-}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"longattn-plan: memory, FLOPs, time and cost of training a transformer with long-context attention "
@@ -139,15 +104,7 @@ int main(int argc, char** argv) {
   app.add_option("--json", json_path, "also write the estimate(s) as JSON to this file");
 
   try {
-    // The config file first, then the command line over it.
-    std::vector<std::string> args;
-    for (int i = 1; i < argc; ++i)
-      if (std::string(argv[i]) == "--config" && i + 1 < argc) config_path = argv[i + 1];
-      else if (std::string(argv[i]).rfind("--config=", 0) == 0) config_path = std::string(argv[i]).substr(9);
-    if (!config_path.empty()) args = config_arguments(app, config_path);
-    args.insert(args.end(), argv + 1, argv + argc);
-    std::reverse(args.begin(), args.end());  // CLI11 takes a vector in reverse order
-    app.parse(args);
+    longattn::apps::parse_with_config(app, argc, argv, "longattn-plan");
   } catch (const CLI::ParseError& error) {
     return app.exit(error);
   } catch (const longattn::Error& error) {

@@ -2,6 +2,7 @@
 // combination, both layouts, float and double, on every enabled execution space.
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <vector>
 
 #include "execution_spaces.hpp"
 #include "longattn/core/gemm.hpp"
@@ -61,4 +62,33 @@ TEST_CASE("gemm rejects mismatched shapes with a longattn::Error naming the argu
                     Catch::Contains("B's inner extent") && Catch::Contains("is 4") && Catch::Contains("expected 3"));
   CHECK_THROWS_WITH(longattn::gemm("X", "N", 1.0f, a, b, 0.0f, c), Catch::Contains("'trans_a' is X"));
   CHECK_THROWS_AS(longattn::gemm("N", "N", 1.0f, a, a, 0.0f, c), longattn::Error);
+}
+
+TEMPLATE_LIST_TEST_CASE("add_column_sums adds each column's sum", "[core][gemm]", longattn::test::ExecutionSpaces) {
+  using Memory = typename TestType::memory_space;
+  std::mt19937_64 rng(longattn::test::test_seed());
+  const int rows = 37, cols = 19;
+  Kokkos::View<double**, Kokkos::LayoutRight, Memory> a("A", rows, cols);
+  Kokkos::View<double*, Memory> ones("ones", rows + 3), sums("sums", cols);  // ones may be longer
+  auto ha = Kokkos::create_mirror_view(a);
+  auto hs = Kokkos::create_mirror_view(sums);
+  longattn::test::fill_uniform(ha, rng);
+  std::uniform_real_distribution<double> uniform(-1, 1);
+  for (int c = 0; c < cols; ++c) hs(c) = uniform(rng);  // sums accumulate into what is there
+  Kokkos::deep_copy(a, ha);
+  Kokkos::deep_copy(sums, hs);
+  Kokkos::deep_copy(ones, 1.0);
+  std::vector<double> expected(cols);  // before the call: on the host, hs is sums itself
+  for (int c = 0; c < cols; ++c) {
+    expected[std::size_t(c)] = hs(c);
+    for (int r = 0; r < rows; ++r) expected[std::size_t(c)] += ha(r, c);
+  }
+  longattn::add_column_sums(a, ones, sums);
+  const auto result = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), sums);
+  for (int c = 0; c < cols; ++c) CHECK(result(c) == Approx(expected[std::size_t(c)]).epsilon(1e-14));
+  const Kokkos::View<double*, Memory> wrong("wrong", cols + 1);
+  CHECK_THROWS_WITH(longattn::add_column_sums(a, ones, wrong),
+                    Catch::Contains("'sums.extent(0)' is 20") && Catch::Contains("the columns of a, 19"));
+  CHECK_THROWS_WITH(longattn::add_column_sums(a, wrong, sums),
+                    Catch::Contains("'ones.extent(0)' is 20") && Catch::Contains("at least the rows of a, 37"));
 }

@@ -383,6 +383,24 @@ BlockSparseLayout<ExecSpace> top_k_layout(const ExecSpace& exec, const Q& q, con
   return Layout(exec, shape, row_offsets, entries);
 }
 
+// The layout a fixed pattern names for a shape (every pattern but top_k, which needs q and k).
+template <class ExecSpace>
+BlockSparseLayout<ExecSpace> block_sparse_layout(const ExecSpace& exec, const BlockSparseConfig& config,
+                                                 const BlockSparseShape& shape, bool causal) {
+  const char* where = "longattn::block_sparse_layout";
+  validate_block_sparse_config(config, where);
+  switch (config.pattern) {
+    case BlockSparsePattern::full: return full_layout(exec, shape, causal);
+    case BlockSparsePattern::local_window: return local_window_layout(exec, shape, config.radius, causal);
+    case BlockSparsePattern::dilated: return dilated_blocks_layout(exec, shape, config.rates, causal);
+    case BlockSparsePattern::global_local:
+      return global_local_layout(exec, shape, config.global_tokens, config.radius, causal);
+    case BlockSparsePattern::random: return random_layout(exec, shape, config.density, config.seed, causal);
+    case BlockSparsePattern::top_k: break;
+  }
+  throw_invalid_argument(where, "config.pattern", "top_k", "a fixed pattern (top_k chooses blocks from q and k)");
+}
+
 // The layout a config names, for attention of q against k.
 template <class ExecSpace, class Q, class K>
 BlockSparseLayout<ExecSpace> block_sparse_layout(const ExecSpace& exec, const BlockSparseConfig& config, const Q& q,
@@ -394,16 +412,7 @@ BlockSparseLayout<ExecSpace> block_sparse_layout(const ExecSpace& exec, const Bl
   if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) shape.block = attention_block_size<ExecSpace, T>();
   shape.queries = q.extent(1);
   shape.keys = k.extent(1);
-  switch (config.pattern) {
-    case BlockSparsePattern::full: return full_layout(exec, shape, causal);
-    case BlockSparsePattern::local_window: return local_window_layout(exec, shape, config.radius, causal);
-    case BlockSparsePattern::dilated: return dilated_blocks_layout(exec, shape, config.rates, causal);
-    case BlockSparsePattern::global_local:
-      return global_local_layout(exec, shape, config.global_tokens, config.radius, causal);
-    case BlockSparsePattern::random: return random_layout(exec, shape, config.density, config.seed, causal);
-    case BlockSparsePattern::top_k: break;
-  }
-  return top_k_layout(exec, q, k, config.top_k, causal);
+  return block_sparse_layout(exec, config, shape, causal);
 }
 
 }  // namespace longattn

@@ -2,10 +2,12 @@
 // longattn::gemm: C = alpha op(A) op(B) + beta C through Kokkos Kernels (OpenBLAS on the host,
 // cuBLAS on CUDA), with the shapes checked first so that a mismatch is a longattn::Error
 // naming the argument rather than an abort inside the BLAS.
+#include <KokkosBlas2_gemv.hpp>
 #include <KokkosBlas3_gemm.hpp>
 #include <Kokkos_Core.hpp>
 #include <sstream>
 #include <string>
+#include <type_traits>
 
 #include "longattn/core/blas.hpp"
 #include "longattn/error.hpp"
@@ -44,6 +46,31 @@ void gemm(const char* trans_a, const char* trans_b, typename CView::const_value_
   require(c.extent(1) == cols_b, where, "C.extent(1)", c.extent(1), expect("columns of op(B)", cols_b));
   select_blas_kernels();
   KokkosBlas::gemm(trans_a, trans_b, alpha, a, b, beta, c);
+}
+
+// sums[c] += sum_r a(r, c), for a contiguous LayoutRight [rows, cols] matrix (a bias gradient):
+// one gemv on the same memory read as the LayoutLeft [cols, rows] matrix a^T, which reaches the
+// BLAS (Kokkos Kernels' own transposed gemv over LayoutRight took 6% of a training step).
+// `ones` holds at least `rows` ones.
+template <class AView, class OnesView, class SumsView>
+void add_column_sums(const AView& a, const OnesView& ones, const SumsView& sums) {
+  static_assert(AView::rank == 2 && OnesView::rank == 1 && SumsView::rank == 1,
+                "add_column_sums: a [rows, cols], ones [>= rows], sums [cols]");
+  static_assert(std::is_same_v<typename AView::array_layout, Kokkos::LayoutRight>, "add_column_sums: a LayoutRight a");
+  const char* where = "longattn::add_column_sums";
+  require(a.span_is_contiguous(), where, "a", a.label(), "a contiguous matrix");
+  require(ones.extent(0) >= a.extent(0), where, "ones.extent(0)", ones.extent(0),
+          "at least the rows of a, " + std::to_string(a.extent(0)));
+  require(sums.extent(0) == a.extent(1), where, "sums.extent(0)", sums.extent(0),
+          "the columns of a, " + std::to_string(a.extent(1)));
+  using T = typename AView::non_const_value_type;
+  using Memory = typename AView::memory_space;
+  using Unmanaged = Kokkos::MemoryTraits<Kokkos::Unmanaged>;
+  const Kokkos::View<const T**, Kokkos::LayoutLeft, Memory, Unmanaged> transposed(a.data(), a.extent(1), a.extent(0));
+  const Kokkos::View<const T*, Kokkos::LayoutLeft, Memory, Unmanaged> x(ones.data(), a.extent(0));
+  const Kokkos::View<T*, Kokkos::LayoutLeft, Memory, Unmanaged> y(sums.data(), sums.extent(0));
+  select_blas_kernels();
+  KokkosBlas::gemv("N", T(1), transposed, x, T(1), y);
 }
 
 }  // namespace longattn

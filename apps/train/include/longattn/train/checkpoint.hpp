@@ -1,0 +1,30 @@
+// Checkpoints of longattn-train: one file, written atomically.
+//
+//   line 1   "longattn-checkpoint 1"
+//   line 2   JSON metadata (what the run was: model, data, batch; where it is: step, RNG state),
+//            with the payload's size and FNV-1a 64 checksum
+//   rest     the payload: raw bytes (parameters and optimizer moments, in the trainer's order)
+//
+// write_checkpoint writes PATH.tmp, fsyncs it, renames it over PATH and fsyncs the directory:
+// a crash leaves the old checkpoint or the new one, never half of one. read_checkpoint refuses a
+// file that is not one, is cut short or fails its checksum, with a longattn::Error saying which.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+namespace longattn::train {
+
+struct Checkpoint {
+  nlohmann::json metadata;
+  std::vector<unsigned char> payload;
+};
+
+std::uint64_t fnv1a64(const unsigned char* data, std::size_t size);
+
+void write_checkpoint(const std::string& path, const Checkpoint& checkpoint);
+Checkpoint read_checkpoint(const std::string& path);
+
+}  // namespace longattn::train

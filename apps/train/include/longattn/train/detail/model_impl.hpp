@@ -1,0 +1,356 @@
+// Transformer's passes (model.hpp) and the kernels only it uses.
+#pragma once
+
+#include <limits>
+
+#include "longattn/core/block_sparse_patterns.hpp"
+#include "longattn/core/dilated_attention.hpp"
+#include "longattn/core/layer_norm.hpp"
+
+namespace longattn::train {
+
+namespace detail {
+
+template <class ExecSpace>
+using RangeOf = Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>;
+
+// x[r] = tok[input[r]] + pos[position[r]], row r = (b, t).
+template <class ExecSpace, class Ids, class Positions, class Matrix>
+void embed_forward(const ExecSpace& exec, const Ids& inputs, const Positions& positions, const Matrix& tok,
+                   const Matrix& pos, const Matrix& x) {
+  const std::int64_t E = x.extent(1), n = inputs.extent(1);
+  Kokkos::parallel_for(
+      "longattn::train::embed_forward", RangeOf<ExecSpace>(exec, 0, std::int64_t(x.extent(0)) * E),
+      KOKKOS_LAMBDA(std::int64_t i) {
+        const std::int64_t r = i / E, e = i % E;
+        x(r, e) = tok(inputs(r / n, r % n), e) + pos(positions(r % n), e);
+      });
+}
+
+// The embeddings' gradients: one thread per column e walks the rows in order, so the sums are
+// the same on every run (no atomics).
+template <class ExecSpace, class Ids, class Positions, class Matrix>
+void embed_backward(const ExecSpace& exec, const Ids& inputs, const Positions& positions, const Matrix& dx,
+                    const Matrix& dtok, const Matrix& dpos) {
+  const std::int64_t R = dx.extent(0), n = inputs.extent(1);
+  Kokkos::parallel_for(
+      "longattn::train::embed_backward", Kokkos::RangePolicy<ExecSpace>(exec, 0, int(dx.extent(1))),
+      KOKKOS_LAMBDA(int e) {
+        for (std::int64_t r = 0; r < R; ++r) {
+          dtok(inputs(r / n, r % n), e) += dx(r, e);
+          dpos(positions(r % n), e) += dx(r, e);
+        }
+      });
+}
+
+// y += x (the residual connections). Rows outer, columns inner: the inner loop vectorizes.
+template <class ExecSpace, class Matrix>
+void add_into(const ExecSpace& exec, const Matrix& y, const Matrix& x) {
+  const int cols = int(y.extent(1));
+  Kokkos::parallel_for(
+      "longattn::train::add_into", RangeOf<ExecSpace>(exec, 0, std::int64_t(y.extent(0))), KOKKOS_LAMBDA(std::int64_t r) {
+        for (int c = 0; c < cols; ++c) y(r, c) += x(r, c);
+      });
+}
+
+// GELU, tanh form (GPT-2): g = u/2 (1 + tanh(a)), a = c (u + 0.044715 u^3), c = sqrt(2/pi),
+// computed as u sigmoid(2a) = u / (1 + exp(-2a)): one exp instead of tanh (libm's tanhf, through
+// expm1f, took a third of a training step).
+template <class T>
+KOKKOS_INLINE_FUNCTION T gelu_sigmoid(T u) {  // sigmoid(2a)
+  const T a = T(0.7978845608028654) * (u + T(0.044715) * u * u * u);
+  return T(1) / (T(1) + Kokkos::Experimental::exp(T(-2) * a));
+}
+
+template <class ExecSpace, class Matrix>
+void gelu_forward(const ExecSpace& exec, const Matrix& u, const Matrix& g) {
+  const int cols = int(u.extent(1));
+  Kokkos::parallel_for(
+      "longattn::train::gelu_forward", RangeOf<ExecSpace>(exec, 0, std::int64_t(u.extent(0))), KOKKOS_LAMBDA(std::int64_t r) {
+        for (int c = 0; c < cols; ++c) g(r, c) = u(r, c) * gelu_sigmoid(u(r, c));
+      });
+}
+
+// d (in place) *= GELU'(u) = s + u s (1 - s) 2 a'(u), s = sigmoid(2a), a'(u) = c (1 + 3 0.044715 u^2).
+template <class ExecSpace, class Matrix>
+void gelu_backward(const ExecSpace& exec, const Matrix& u, const Matrix& d) {
+  using T = typename Matrix::non_const_value_type;
+  const int cols = int(u.extent(1));
+  Kokkos::parallel_for(
+      "longattn::train::gelu_backward", RangeOf<ExecSpace>(exec, 0, std::int64_t(u.extent(0))), KOKKOS_LAMBDA(std::int64_t r) {
+        for (int c = 0; c < cols; ++c) {
+          const T x = u(r, c), s = gelu_sigmoid(x);
+          const T da = T(0.7978845608028654) * (T(1) + T(3 * 0.044715) * x * x);
+          d(r, c) *= s + x * s * (T(1) - s) * T(2) * da;
+        }
+      });
+}
+
+// Returns sum_r w_r (logsumexp(logits_r) - logits_r[target_r]) and overwrites the logits with
+// the loss's gradient divided by `normalizer`: w_r (softmax_r - onehot(target_r)) / normalizer.
+template <class ExecSpace, class Matrix, class Ids, class Weights>
+double cross_entropy(const ExecSpace& exec, const Matrix& logits, const Ids& targets, const Weights& weights,
+                     double normalizer) {
+  using T = typename Matrix::non_const_value_type;
+  const int V = int(logits.extent(1));
+  const std::int64_t n = targets.extent(1);
+  const T inverse = T(1.0 / normalizer);
+  double loss = 0;
+  Kokkos::parallel_reduce(
+      "longattn::train::cross_entropy", RangeOf<ExecSpace>(exec, 0, std::int64_t(logits.extent(0))),
+      KOKKOS_LAMBDA(std::int64_t r, double& sum) {
+        const int target = targets(r / n, r % n);
+        const T w = weights(r / n, r % n);
+        T max = logits(r, 0);
+        for (int v = 1; v < V; ++v) max = logits(r, v) > max ? logits(r, v) : max;
+        T total = 0;
+        for (int v = 0; v < V; ++v) total += Kokkos::Experimental::exp(logits(r, v) - max);
+        const T lse = max + Kokkos::Experimental::log(total);
+        sum += double(w) * double(lse - logits(r, target));
+        for (int v = 0; v < V; ++v)
+          logits(r, v) = w * inverse * (Kokkos::Experimental::exp(logits(r, v) - lse) - (v == target ? T(1) : T(0)));
+      },
+      loss);
+  return loss;
+}
+
+// Query-key scores per sequence over all heads that the spec computes (4 D FLOPs each, forward).
+inline double attention_scores(const std::string& attention, std::int64_t N, int heads) {
+  const AttentionSpec spec = resolve_attention_spec(parse_attention_spec(attention), N);
+  const double n = double(N);
+  if (spec.kind == AttentionSpec::Kind::dilated) return dilated_attention_scores(N, heads, spec.dilated, true);
+  if (spec.kind == AttentionSpec::Kind::block_sparse) {
+    BlockSparseShape shape;
+    shape.queries = shape.keys = N;
+    const int blocks = shape.query_blocks();
+    double kept = 0;
+    if (spec.block_sparse.pattern == BlockSparsePattern::top_k) {
+      for (int qb = 0; qb < blocks; ++qb) kept += double(std::min<std::int64_t>(spec.block_sparse.top_k, qb + 1));
+    } else {
+      kept = double(block_sparse_layout(Kokkos::DefaultHostExecutionSpace(), spec.block_sparse, shape, true).kept_blocks());
+    }
+    return heads * kept * shape.block * shape.block;
+  }
+  return heads * n * (n + 1) / 2;
+}
+
+}  // namespace detail
+
+inline void validate(const ModelConfig& c) {
+  const char* where = "longattn::train::ModelConfig";
+  require(c.layers >= 1 && c.layers <= 1024, where, "layers", c.layers, "a count in [1, 1024]");
+  require(c.heads >= 1, where, "heads", c.heads, "at least 1");
+  require(c.embed >= 1 && c.embed % c.heads == 0, where, "embed", c.embed,
+          "a positive multiple of heads = " + std::to_string(c.heads));
+  require(c.context >= 2 && c.context <= (std::int64_t(1) << 24), where, "context", c.context,
+          "a sequence length in [2, 16777216] tokens");
+  (void)parse_attention_spec(c.attention);  // names the problem itself
+}
+
+template <class ExecSpace, class T>
+void Transformer<ExecSpace, T>::initialize(std::uint64_t seed) {
+  // GPT-2: N(0, 0.02) for embeddings and matrices, the second MLP matrix scaled by 1/sqrt(2 L)
+  // (it adds into the residual stream once per layer); biases 0, LayerNorm gain 1, shift 0.
+  const auto host = Kokkos::create_mirror_view(values_.view());
+  const std::size_t E = config_.embed, F = config_.hidden(), V = ModelConfig::vocab, N = config_.context;
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<double> normal(0.0, 0.02);
+  auto fill_normal = [&](std::size_t at, std::size_t count, double scale) {
+    for (std::size_t i = 0; i < count; ++i) host(at + i) = T(normal(rng) * scale);
+  };
+  auto fill = [&](std::size_t at, std::size_t count, T value) {
+    for (std::size_t i = 0; i < count; ++i) host(at + i) = value;
+  };
+  auto fill_norm = [&](std::size_t at) {
+    fill(at, E, T(1));
+    fill(at + E, E, T(0));
+  };
+  fill_normal(embedding_.tokens, V * E, 1);
+  fill_normal(embedding_.positions, N * E, 1);
+  for (const Block& b : blocks_) {
+    fill_norm(b.ln1);
+    fill_norm(b.ln2);
+    fill_normal(b.w1, F * E, 1);
+    fill(b.b1, F, T(0));
+    fill_normal(b.w2, E * F, 1 / std::sqrt(2.0 * config_.layers));
+    fill(b.b2, E, T(0));
+  }
+  fill_norm(head_.ln);
+  fill_normal(head_.w, V * E, 1);
+  fill(head_.b, V, T(0));
+  Kokkos::deep_copy(values_.view(), host);
+}
+
+template <class ExecSpace, class T>
+void Transformer<ExecSpace, T>::list_groups() {
+  const std::size_t E = config_.embed, F = config_.hidden(), V = ModelConfig::vocab, N = config_.context;
+  auto own = [&](const std::string& name, std::size_t offset, std::size_t count, bool decay) {
+    groups_.push_back({name, values_.data() + offset, gradients_.data() + offset, count, decay});
+  };
+  own("head.norm", head_.ln, 2 * E, false);
+  own("head.weight", head_.w, V * E, true);
+  own("head.bias", head_.b, V, false);
+  for (int l = config_.layers - 1; l >= 0; --l) {
+    const Block& b = blocks_[l];
+    const std::string layer = "layer" + std::to_string(l) + ".";
+    own(layer + "mlp.w2", b.w2, E * F, true);
+    own(layer + "mlp.b2", b.b2, E, false);
+    own(layer + "mlp.w1", b.w1, F * E, true);
+    own(layer + "mlp.b1", b.b1, F, false);
+    own(layer + "norm2", b.ln2, 2 * E, false);
+    // The module's tensors, named in its flat buffer (multihead_attention.hpp).
+    const auto& w = b.attention->weights();
+    const auto& g = b.attention->weight_gradients();
+    groups_.push_back({layer + "attention.w_out", w.w_out.data(), g.w_out.data(), w.w_out.size(), true});
+    groups_.push_back({layer + "attention.b_out", w.b_out.data(), g.b_out.data(), w.b_out.size(), false});
+    groups_.push_back({layer + "attention.sub_norm", w.ln_gamma.data(), g.ln_gamma.data(), 2 * E, false});
+    groups_.push_back({layer + "attention.w_qkv", w.w_qkv.data(), g.w_qkv.data(), w.w_qkv.size(), true});
+    groups_.push_back({layer + "attention.b_qkv", w.b_qkv.data(), g.b_qkv.data(), w.b_qkv.size(), false});
+    own(layer + "norm1", b.ln1, 2 * E, false);
+  }
+  own("embedding.tokens", embedding_.tokens, V * E, false);
+  own("embedding.positions", embedding_.positions, N * E, false);
+}
+
+template <class ExecSpace, class T>
+void Transformer<ExecSpace, T>::reserve(int batch, std::int64_t tokens) {
+  if (batch == batch_ && tokens == tokens_) return;
+  batch_ = batch;
+  tokens_ = tokens;
+  const std::size_t R = std::size_t(batch) * tokens, E = config_.embed, F = config_.hidden(), V = ModelConfig::vocab;
+  auto rows = [&](std::size_t cols) {
+    return longattn::detail::allocate_workspace<typename Rows::view_type>(R, cols);
+  };
+  auto stats = [&] {
+    return LayerNormStats{longattn::detail::allocate_workspace<typename Stats::view_type>(R),
+                          longattn::detail::allocate_workspace<typename Stats::view_type>(R)};
+  };
+  for (Block& b : blocks_) {
+    b.x = b.h1 = b.x2 = b.h2 = b.u = b.g = {};  // back to the pool before the new ones
+    b.x = rows(E), b.h1 = rows(E), b.x2 = rows(E), b.h2 = rows(E), b.u = rows(F), b.g = rows(F);
+    b.norm1 = stats(), b.norm2 = stats();
+  }
+  x_final_ = h_final_ = logits_ = d_x_ = d_x2_ = d_h_ = d_hidden_ = {};
+  x_final_ = rows(E), h_final_ = rows(E), logits_ = rows(V);
+  d_x_ = rows(E), d_x2_ = rows(E), d_h_ = rows(E), d_hidden_ = rows(F);
+  norm_final_ = stats();
+  ones_ = longattn::detail::allocate_workspace<Kokkos::View<T*, memory_space>>(R);
+  Kokkos::deep_copy(ExecSpace(), ones_.view(), T(1));
+}
+
+template <class ExecSpace, class T>
+void Transformer<ExecSpace, T>::linear_forward(const Matrix& x, std::size_t w, std::size_t b, const Matrix& y) const {
+  const std::size_t in = x.extent(1), out = y.extent(1);
+  longattn::detail::broadcast_rows(ExecSpace(), vector(values_, b, out), y);
+  gemm("N", "T", T(1), x, matrix(values_, w, out, in), T(1), y);
+}
+
+template <class ExecSpace, class T>
+void Transformer<ExecSpace, T>::linear_backward(const Matrix& x, const Matrix& dy, std::size_t w, std::size_t b,
+                                                const Matrix& dx) const {
+  const std::size_t in = x.extent(1), out = dy.extent(1);
+  add_column_sums(dy, ones_.view(), vector(gradients_, b, out));
+  gemm("T", "N", T(1), dy, x, T(1), matrix(gradients_, w, out, in));
+  gemm("N", "N", T(1), dy, matrix(values_, w, out, in), T(0), dx);
+}
+
+template <class ExecSpace, class T>
+void Transformer<ExecSpace, T>::norm_forward(const Matrix& x, std::size_t ln, const Matrix& y,
+                                             LayerNormStats& stats) const {
+  const std::size_t E = config_.embed;
+  layer_norm_forward(ExecSpace(), x, vector(values_, ln, E), vector(values_, ln + E, E), 1e-5, y, stats.mean.view(),
+                     stats.rstd.view());
+}
+
+template <class ExecSpace, class T>
+void Transformer<ExecSpace, T>::norm_backward(const Matrix& dy, const Matrix& x, std::size_t ln,
+                                              const LayerNormStats& stats, const Matrix& dx) const {
+  const std::size_t E = config_.embed;
+  layer_norm_backward(ExecSpace(), dy, x, vector(values_, ln, E), stats.mean.view(), stats.rstd.view(), dx,
+                      vector(gradients_, ln, E), vector(gradients_, ln + E, E));
+}
+
+template <class ExecSpace, class T>
+double Transformer<ExecSpace, T>::forward(const Batch& batch, double normalizer) {
+  const char* where = "longattn::train::Transformer::forward";
+  const std::int64_t B = batch.inputs.extent(0), n = batch.inputs.extent(1);
+  require(B >= 1 && n >= 1, where, "batch.inputs' extents", std::to_string(B) + " x " + std::to_string(n),
+          "at least one sequence of at least one token");
+  require(std::int64_t(batch.positions.extent(0)) == n, where, "batch.positions.extent(0)", batch.positions.extent(0),
+          std::to_string(n) + " (the tokens per sequence)");
+  require(batch.targets.extent(0) == batch.inputs.extent(0) && batch.targets.extent(1) == batch.inputs.extent(1) &&
+              batch.weights.extent(0) == batch.inputs.extent(0) && batch.weights.extent(1) == batch.inputs.extent(1),
+          where, "batch.targets / batch.weights", "other extents", "the extents of batch.inputs");
+  require(normalizer > 0, where, "normalizer", normalizer, "a positive token count");
+  reserve(int(B), n);
+  batch_data_ = batch;
+  normalizer_ = normalizer;
+  const ExecSpace exec;
+  const std::size_t E = config_.embed, V = ModelConfig::vocab, N = config_.context;
+  detail::embed_forward(exec, batch.inputs, batch.positions, matrix(values_, embedding_.tokens, V, E),
+                        matrix(values_, embedding_.positions, N, E), rows(blocks_[0].x));
+  for (std::size_t l = 0; l < blocks_.size(); ++l) {
+    Block& b = blocks_[l];
+    norm_forward(rows(b.x), b.ln1, rows(b.h1), b.norm1);
+    b.attention->forward(tokens3(b.h1), tokens3(b.x2));
+    detail::add_into(exec, rows(b.x2), rows(b.x));
+    norm_forward(rows(b.x2), b.ln2, rows(b.h2), b.norm2);
+    linear_forward(rows(b.h2), b.w1, b.b1, rows(b.u));
+    detail::gelu_forward(exec, rows(b.u), rows(b.g));
+    const Matrix next = l + 1 < blocks_.size() ? rows(blocks_[l + 1].x) : rows(x_final_);
+    linear_forward(rows(b.g), b.w2, b.b2, next);
+    detail::add_into(exec, next, rows(b.x2));
+  }
+  norm_forward(rows(x_final_), head_.ln, rows(h_final_), norm_final_);
+  linear_forward(rows(h_final_), head_.w, head_.b, rows(logits_));
+  return detail::cross_entropy(exec, rows(logits_), batch.targets, batch.weights, normalizer) / normalizer;
+}
+
+template <class ExecSpace, class T>
+void Transformer<ExecSpace, T>::backward(const std::function<void(int)>& ready) {
+  require(batch_ > 0, "longattn::train::Transformer::backward", "this", "a model without a forward pass",
+          "forward() before backward()");
+  const ExecSpace exec;
+  int finished = 0;  // groups whose gradients are final, in groups_' order
+  auto finish = [&](int count) {
+    for (int i = 0; i < count; ++i, ++finished)
+      if (ready) {
+        exec.fence();
+        ready(finished);
+      }
+  };
+  const std::size_t E = config_.embed, V = ModelConfig::vocab, N = config_.context;
+  // forward() left dLoss/dlogits in logits_.
+  linear_backward(rows(h_final_), rows(logits_), head_.w, head_.b, rows(d_h_));
+  norm_backward(rows(d_h_), rows(x_final_), head_.ln, norm_final_, rows(d_x_));
+  finish(3);
+  for (std::size_t l = blocks_.size(); l-- > 0;) {
+    Block& b = blocks_[l];
+    // d_x: the gradient of the block's output x2 + MLP(LN(x2)).
+    linear_backward(rows(b.g), rows(d_x_), b.w2, b.b2, rows(d_hidden_));
+    detail::gelu_backward(exec, rows(b.u), rows(d_hidden_));
+    linear_backward(rows(b.h2), rows(d_hidden_), b.w1, b.b1, rows(d_h_));
+    norm_backward(rows(d_h_), rows(b.x2), b.ln2, b.norm2, rows(d_x2_));
+    detail::add_into(exec, rows(d_x2_), rows(d_x_));
+    finish(5);
+    b.attention->backward(tokens3(d_x2_), tokens3(d_h_));
+    norm_backward(rows(d_h_), rows(b.x), b.ln1, b.norm1, rows(d_x_));
+    detail::add_into(exec, rows(d_x_), rows(d_x2_));
+    finish(6);
+  }
+  detail::embed_backward(exec, batch_data_.inputs, batch_data_.positions, rows(d_x_),
+                         matrix(gradients_, embedding_.tokens, V, E), matrix(gradients_, embedding_.positions, N, E));
+  finish(2);
+  exec.fence();
+}
+
+template <class ExecSpace, class T>
+double Transformer<ExecSpace, T>::flops_per_step(std::int64_t sequences) const {
+  const double E = config_.embed, F = config_.hidden(), V = ModelConfig::vocab, N = double(config_.context);
+  const double D = E / config_.heads, L = config_.layers;
+  const double dense_per_token = L * 2 * (4 * E * E + 2 * E * F) + 2 * E * V;
+  const double attention_per_sequence = L * 4 * D * detail::attention_scores(config_.attention, config_.context, config_.heads);
+  return 3 * double(sequences) * (N * dense_per_token + attention_per_sequence);
+}
+
+}  // namespace longattn::train

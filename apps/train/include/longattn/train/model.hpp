@@ -1,0 +1,202 @@
+// Transformer: the byte-level decoder-only language model of longattn-train, forward and backward.
+//
+//   tokens [B, n] -> x = tok_emb[token] + pos_emb[position]                       [R, E], R = B n
+//   each of L blocks (pre-norm, as GPT-2; attention with MAGNETO's sub-LayerNorm):
+//     h1 = LayerNorm(x);  x2 = x + MultiheadAttention(h1)                         [R, E]
+//     h2 = LayerNorm(x2); u = h2 W1^T + b1; g = GELU(u); x = x2 + g W2^T + b2     u, g [R, F]
+//   hf = LayerNorm(x); logits = hf W_head^T + b_head                              [R, V]
+//   loss = sum_r weight_r (logsumexp(logits_r) - logits_r[target_r]) / normalizer
+//
+// B sequences, n tokens of each on this rank (n = N / cp: the tokens of `positions`, which are
+// global positions, so a context-parallel rank embeds its shard where it sits in the sequence),
+// E = embed, F = 4 E, V = 256 bytes. The caller gives the normalizer (the weighted tokens of the
+// global batch), so that the losses of all ranks add up to the mean over the global batch and
+// the gradients summed over ranks are its gradients.
+//
+// Parameters are groups (ParameterGroup: values, gradients, count), listed in the order
+// backward() makes their gradients final (head first, embeddings last), which is the order a
+// data-parallel all-reduce wants them; backward() calls `ready(index)` as each becomes final.
+// Every matrix product is a gemm (Kokkos Kernels); the rest are Kokkos kernels on ExecSpace.
+// Activations and gradients come from the default memory pool.
+#pragma once
+
+#include <Kokkos_Core.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "longattn/core/multihead_attention.hpp"
+#include "longattn/core/workspace.hpp"
+#include "longattn/error.hpp"
+
+namespace longattn::train {
+
+struct ModelConfig {
+  int layers = 4;
+  int embed = 256;                   // E
+  int heads = 4;                     // head dim E / heads
+  std::int64_t context = 256;        // N: tokens per sequence (positions learned up to N)
+  std::string attention = "dense";   // a core attention spec
+  std::uint64_t seed = 1;            // weight initialization
+  static constexpr int vocab = 256;  // bytes
+  int hidden() const { return 4 * embed; }
+};
+
+// Throws longattn::Error naming the field.
+void validate(const ModelConfig& config);
+
+template <class T>
+struct ParameterGroup {
+  std::string name;
+  T* values;
+  T* gradients;
+  std::size_t count;
+  bool decay;  // matrices decay (AdamW), biases, norms and embeddings do not
+};
+
+template <class ExecSpace, class T>
+class Transformer {
+ public:
+  using memory_space = typename ExecSpace::memory_space;
+  using TokenIds = Kokkos::View<int**, Kokkos::LayoutRight, memory_space>;   // [B, n]
+  using Weights = Kokkos::View<T**, Kokkos::LayoutRight, memory_space>;      // [B, n]
+  using Positions = Kokkos::View<int*, memory_space>;                        // [n]
+  using Attention = MultiheadAttention<ExecSpace, T>;
+
+  // This rank's part of a batch: inputs, next-token targets, loss weights (1 or 0) and the
+  // global positions of its tokens.
+  struct Batch {
+    TokenIds inputs, targets;
+    Weights weights;
+    Positions positions;
+  };
+
+  explicit Transformer(const ModelConfig& config) : config_(config) {
+    validate(config);
+    const std::size_t E = config.embed, F = config.hidden(), V = ModelConfig::vocab, N = config.context;
+    MultiheadAttentionOptions options;
+    options.attention = config.attention;
+    options.causal = true;
+    options.gamma_init = std::sqrt(std::log(2.0 * config.layers));  // MAGNETO, decoder
+    std::mt19937_64 seeds(config.seed);
+    // Own parameters, one buffer each for values and gradients, carved in this order.
+    std::size_t own = V * E + N * E + 2 * E + V * E + V;
+    own += std::size_t(config.layers) * (4 * E + F * E + F + E * F + E);
+    values_ = longattn::detail::allocate_workspace<Flat>(own);
+    gradients_ = longattn::detail::allocate_workspace<Flat>(own);
+    std::size_t offset = 0;
+    auto take = [&](std::size_t count) {
+      const std::size_t at = offset;
+      offset += count;
+      return at;
+    };
+    // Gradient-ready order: head, then blocks last to first, then embeddings.
+    head_ = {take(2 * E), take(V * E), take(V)};
+    blocks_.resize(config.layers);
+    for (int l = config.layers - 1; l >= 0; --l) {
+      Block& b = blocks_[l];
+      b.ln1 = take(2 * E), b.ln2 = take(2 * E), b.w1 = take(F * E), b.b1 = take(F), b.w2 = take(E * F), b.b2 = take(E);
+    }
+    embedding_ = {take(V * E), take(N * E)};
+    for (int l = 0; l < config.layers; ++l) {
+      options.seed = seeds();
+      blocks_[l].attention = std::make_unique<Attention>(config.embed, config.heads, options);
+    }
+    initialize(seeds());
+    list_groups();
+    zero_gradients();
+  }
+
+  const ModelConfig& config() const { return config_; }
+  const std::vector<ParameterGroup<T>>& parameter_groups() const { return groups_; }
+  std::size_t parameter_count() const {
+    std::size_t n = 0;
+    for (const auto& g : groups_) n += g.count;
+    return n;
+  }
+  // Every layer's attention runs through `runner` (context parallelism, attention_runner.hpp).
+  void set_attention_runner(const std::shared_ptr<AttentionRunner<ExecSpace, T>>& runner) {
+    for (Block& b : blocks_) b.attention->set_attention_runner(runner);
+  }
+
+  void zero_gradients() {
+    Kokkos::deep_copy(ExecSpace(), gradients_.view(), T(0));
+    for (Block& b : blocks_) b.attention->zero_gradients();
+  }
+
+  // This rank's loss contribution; keeps what backward() needs.
+  double forward(const Batch& batch, double normalizer);
+  // Adds this batch's gradients into the groups' gradients; ready(i) as group i is final.
+  void backward(const std::function<void(int)>& ready = {});
+
+  // Model FLOPs of one training step (forward + backward, 3x the forward) over `sequences`
+  // sequences of the full context, and their attention share.
+  double flops_per_step(std::int64_t sequences) const;
+
+ private:
+  using Flat = Kokkos::View<T*, memory_space>;
+  using Matrix = Kokkos::View<T**, Kokkos::LayoutRight, memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+  using Vector = Kokkos::View<T*, memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+  using Rows = memory::PooledView<Kokkos::View<T**, Kokkos::LayoutRight, memory_space>>;  // [R, cols]
+  using Stats = memory::PooledView<Kokkos::View<T*, memory_space>>;                       // [R]
+
+  struct LayerNormStats {
+    Stats mean, rstd;
+  };
+  struct Block {
+    std::size_t ln1, ln2, w1, b1, w2, b2;  // offsets of the own parameters
+    std::unique_ptr<Attention> attention;
+    Rows x, h1, x2, h2, u, g;             // forward activations
+    LayerNormStats norm1, norm2;
+  };
+  struct Head {
+    std::size_t ln, w, b;
+  };
+  struct Embedding {
+    std::size_t tokens, positions;
+  };
+
+  void initialize(std::uint64_t seed);
+  void list_groups();
+  void reserve(int batch, std::int64_t tokens);
+
+  Matrix matrix(const Flat& flat, std::size_t offset, std::size_t rows, std::size_t cols) const {
+    return Matrix(flat.data() + offset, rows, cols);
+  }
+  Vector vector(const Flat& flat, std::size_t offset, std::size_t count) const { return Vector(flat.data() + offset, count); }
+  static Matrix rows(const Rows& r) { return Matrix(r.data(), r.extent(0), r.extent(1)); }
+  using Tokens3 = Kokkos::View<T***, Kokkos::LayoutRight, memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+  Tokens3 tokens3(const Rows& r) const { return Tokens3(r.data(), batch_, tokens_, r.extent(1)); }
+
+  // y = x W^T + b; and its backward: db += colsum(dy), dW += dy^T x, dx (=|+=) dy W.
+  void linear_forward(const Matrix& x, std::size_t w, std::size_t b, const Matrix& y) const;
+  void linear_backward(const Matrix& x, const Matrix& dy, std::size_t w, std::size_t b, const Matrix& dx) const;
+  void norm_forward(const Matrix& x, std::size_t ln, const Matrix& y, LayerNormStats& stats) const;
+  void norm_backward(const Matrix& dy, const Matrix& x, std::size_t ln, const LayerNormStats& stats,
+                     const Matrix& dx) const;
+
+  ModelConfig config_;
+  memory::PooledView<Flat> values_, gradients_;
+  Head head_;
+  Embedding embedding_;
+  std::vector<Block> blocks_;
+  std::vector<ParameterGroup<T>> groups_;
+
+  // Activations of the last forward pass.
+  int batch_ = 0;
+  std::int64_t tokens_ = 0;
+  Batch batch_data_;
+  double normalizer_ = 1;
+  Rows x_final_, h_final_, logits_, d_x_, d_x2_, d_h_, d_hidden_;
+  LayerNormStats norm_final_;
+  memory::PooledView<Kokkos::View<T*, memory_space>> ones_;
+};
+
+}  // namespace longattn::train
+
+#include "longattn/train/detail/model_impl.hpp"

@@ -1,0 +1,340 @@
+#include "longattn/train/trainer.hpp"
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <iomanip>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <sstream>
+
+#include "longattn/core/ceilings.hpp"
+#include "longattn/parallel/context_parallel_attention.hpp"
+#include "longattn/parallel/gradient_buckets.hpp"
+#include "longattn/train/checkpoint.hpp"
+
+namespace longattn::train {
+
+namespace {
+
+using Exec = Kokkos::DefaultHostExecutionSpace;
+using Model = Transformer<Exec, float>;
+using Clock = std::chrono::steady_clock;
+constexpr const char* program = "longattn-train";
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// What a checkpoint must agree on with the run that resumes it.
+nlohmann::json run_identity(const TrainConfig& c) {
+  return {{"layers", c.model.layers}, {"embed", c.model.embed}, {"heads", c.model.heads},
+          {"context", c.model.context}, {"attention", c.model.attention}, {"seed", c.model.seed},
+          {"task", to_string(c.data.task)}, {"text", c.data.task == Task::text ? c.data.text : ""},
+          {"pairs", c.data.pairs}, {"queries", c.data.queries}, {"batch", c.batch}, {"data_seed", c.data_seed}};
+}
+
+// The tokens of this rank: its sequences of the global batch, its segments of each.
+class LocalBatch {
+ public:
+  LocalBatch(std::int64_t sequences, const std::vector<parallel::Segment>& segments)
+      : segments_(segments), first_(0), sequences_(sequences) {
+    std::int64_t n = 0;
+    for (const auto& s : segments) n += s.tokens;
+    batch_.inputs = Model::TokenIds("inputs", sequences, n);
+    batch_.targets = Model::TokenIds("targets", sequences, n);
+    batch_.weights = Model::Weights("weights", sequences, n);
+    batch_.positions = Model::Positions("positions", n);
+    for (const auto& s : segments)
+      for (std::int64_t t = 0; t < s.tokens; ++t) batch_.positions(s.local_begin + t) = int(s.global_begin + t);
+  }
+  void set_first_sequence(std::int64_t first) { first_ = first; }
+
+  const Model::Batch& fill(const HostBatch& global) {
+    for (std::int64_t b = 0; b < sequences_; ++b)
+      for (const auto& s : segments_)
+        for (std::int64_t t = 0; t < s.tokens; ++t) {
+          const std::size_t from = std::size_t((first_ + b) * global.tokens + s.global_begin + t);
+          batch_.inputs(b, s.local_begin + t) = global.inputs[from];
+          batch_.targets(b, s.local_begin + t) = global.targets[from];
+          batch_.weights(b, s.local_begin + t) = global.weights[from];
+        }
+    return batch_;
+  }
+
+ private:
+  std::vector<parallel::Segment> segments_;
+  std::int64_t first_, sequences_;
+  Model::Batch batch_;
+};
+
+std::string duration(double seconds) {
+  const long s = long(std::lround(std::max(0.0, seconds)));
+  std::ostringstream out;
+  out << s / 60 << ":" << std::setw(2) << std::setfill('0') << s % 60;
+  return out.str();
+}
+
+}  // namespace
+
+void validate(const TrainConfig& c, int world_size) {
+  validate(c.model);
+  validate(c.optimizer);
+  require(c.steps >= 1, program, "steps", c.steps, "at least 1");
+  require(c.cp >= 1 && world_size % c.cp == 0, program, "cp", c.cp,
+          "a divisor of the " + std::to_string(world_size) + " ranks");
+  const int dp = world_size / c.cp;
+  require(c.batch >= 1 && c.batch % dp == 0, program, "batch", c.batch,
+          "a positive multiple of dp = ranks / cp = " + std::to_string(dp) + " (sequences per step)");
+  require(c.eval_every >= 0, program, "eval-every", c.eval_every, "a step count >= 0");
+  require(c.eval_batches >= 1, program, "eval-batches", c.eval_batches, "at least 1");
+  require(c.checkpoint_every >= 0, program, "checkpoint-every", c.checkpoint_every, "a step count >= 0");
+  require(!c.resume || !c.checkpoint.empty(), program, "resume", "true", "a --checkpoint file to resume from");
+  require(c.stop_after >= 0, program, "stop-after", c.stop_after, "a step >= 0");
+  require(c.peak_gflops >= 0, program, "peak-gflops", c.peak_gflops, "GFLOP/s >= 0 (0: measure)");
+}
+
+nlohmann::json TrainResult::to_json(const TrainConfig& c) const {
+  nlohmann::json j;
+  j["config"] = run_identity(c);
+  j["config"]["steps"] = c.steps;
+  j["config"]["lr"] = c.optimizer.lr;
+  j["grid"] = {{"dp", dp}, {"cp", cp}};
+  j["parameters"] = parameters;
+  j["flops_per_step"] = flops_per_step;
+  j["peak_gflops"] = peak_gflops;
+  j["first_step"] = first_step;
+  j["steps"] = nlohmann::json::array();
+  double seconds = 0;
+  for (const StepRecord& s : steps) {
+    j["steps"].push_back({{"step", s.step}, {"loss", s.loss}, {"lr", s.lr}, {"gradient_norm", s.gradient_norm},
+                          {"seconds", s.seconds}, {"tokens_per_second", s.tokens_per_second}, {"gflops", s.gflops},
+                          {"peak_fraction", s.peak_fraction}, {"communication_share", s.communication_share},
+                          {"memory_bytes", s.memory_bytes}});
+    seconds += s.seconds;
+  }
+  j["evals"] = nlohmann::json::array();
+  for (const EvalRecord& e : evals) j["evals"].push_back({{"step", e.step}, {"loss", e.loss}});
+  // Steady-state figures: the steps after the first (which pays for first-touch allocations).
+  double steady_seconds = 0, steady_comm = 0;
+  for (std::size_t i = steps.size() > 1 ? 1 : 0; i < steps.size(); ++i) {
+    steady_seconds += steps[i].seconds;
+    steady_comm += steps[i].seconds * steps[i].communication_share;
+  }
+  const double steady_steps = double(steps.size() > 1 ? steps.size() - 1 : steps.size());
+  const double gflops = steady_seconds > 0 ? steady_steps * flops_per_step / steady_seconds * 1e-9 : 0;
+  j["summary"] = {{"seconds", seconds},
+                  {"first_loss", steps.empty() ? 0.0 : steps.front().loss},
+                  {"last_loss", steps.empty() ? 0.0 : steps.back().loss},
+                  {"validation_loss", evals.empty() ? nlohmann::json(nullptr) : nlohmann::json(evals.back().loss)},
+                  {"steady_gflops", gflops},
+                  {"steady_peak_fraction", peak_gflops > 0 ? gflops / peak_gflops : 0.0},
+                  {"steady_communication_share", steady_seconds > 0 ? steady_comm / steady_seconds : 0.0},
+                  {"memory_bytes", steps.empty() ? 0 : steps.back().memory_bytes}};
+  return j;
+}
+
+TrainResult run_training(const TrainConfig& config, const parallel::Communicator& world, std::ostream* log) {
+  world.guarded(program, [&] { validate(config, world.size()); });
+  const Exec exec;
+  const int cp = config.cp, dp = world.size() / cp;
+  const int cp_rank = world.rank() % cp, dp_rank = world.rank() / cp;
+  const parallel::Communicator cp_group = world.split(dp_rank, cp_rank);
+  const std::int64_t N = config.model.context, sequences = config.batch / dp;
+  std::ostream* out = world.rank() == 0 ? log : nullptr;
+
+  std::optional<Dataset> data;
+  world.checked(program, [&] { data.emplace(config.data, N); });
+  Model model(config.model);
+  std::shared_ptr<parallel::ContextParallelAttention<Exec, float>> ring;
+  std::vector<parallel::Segment> segments{{0, 0, N}};
+  if (cp > 1) {
+    ring = std::make_shared<parallel::ContextParallelAttention<Exec, float>>(
+        exec, cp_group, N, parse_attention_spec(config.model.attention), true);
+    model.set_attention_runner(ring);
+    segments = ring->segments();
+  }
+  LocalBatch local(sequences, segments);
+  local.set_first_sequence(std::int64_t(dp_rank) * sequences);
+
+  const auto& groups = model.parameter_groups();
+  std::unique_ptr<parallel::GradientBuckets> buckets;
+  if (world.size() > 1) {
+    parallel::GradientBucketOptions options;
+    options.op = parallel::ReduceOp::sum;  // every rank's loss is already divided by the global token count
+    buckets = std::make_unique<parallel::GradientBuckets>(world, options);
+    for (const auto& g : groups) buckets->add(g.gradients, g.count);
+  }
+  AdamW<Exec, float> optimizer(config.optimizer, groups);
+  std::mt19937_64 train_rng(config.data_seed);
+  int first = 0;  // 0-based step to start from
+
+  // ---- resume
+  if (config.resume) {
+    Checkpoint checkpoint;
+    world.checked(program, [&] {
+      checkpoint = read_checkpoint(config.checkpoint);
+      const nlohmann::json& m = checkpoint.metadata;
+      const nlohmann::json expected = run_identity(config);
+      require(m.contains("run") && m["run"].is_object(), program, "checkpoint", "\"" + config.checkpoint + "\"",
+              "a longattn-train checkpoint (metadata has no run)");
+      for (const auto& [key, value] : expected.items())
+        require(m["run"].contains(key) && m["run"][key] == value, program,
+                "checkpoint's " + key, m["run"].contains(key) ? m["run"][key].dump() : "missing",
+                value.dump() + " (this run's; resume with the options the checkpoint was written with)");
+      std::size_t bytes = 0;
+      for (const auto& g : groups) bytes += g.count * sizeof(float);
+      bytes *= 3;  // parameters, first and second moments
+      require(checkpoint.payload.size() == bytes, program, "checkpoint's payload bytes", checkpoint.payload.size(),
+              std::to_string(bytes) + " (this model's parameters and optimizer state)");
+    });
+    const unsigned char* p = checkpoint.payload.data();
+    for (const auto& g : groups) {
+      std::memcpy(g.values, p, g.count * sizeof(float));
+      p += g.count * sizeof(float);
+    }
+    std::memcpy(optimizer.first_moment().data(), p, optimizer.first_moment().size() * sizeof(float));
+    p += optimizer.first_moment().size() * sizeof(float);
+    std::memcpy(optimizer.second_moment().data(), p, optimizer.second_moment().size() * sizeof(float));
+    const nlohmann::json& m = checkpoint.metadata;
+    first = m["step"].get<int>();
+    optimizer.set_steps(m["optimizer_steps"].get<std::int64_t>());
+    std::istringstream(m["rng"].get<std::string>()) >> train_rng;
+    if (out) *out << "resumed   from " << config.checkpoint << " at step " << first << "\n";
+  }
+  auto save = [&](int next_step) {
+    // Rank 0 writes (every rank holds the same parameters and moments); `checked` makes a failed
+    // write fail every rank, and no rank goes on before the file is complete.
+    world.checked(program, [&] {
+      if (world.rank() != 0) return;
+      Checkpoint checkpoint;
+      std::ostringstream rng;
+      rng << train_rng;
+      checkpoint.metadata = {{"run", run_identity(config)}, {"step", next_step},
+                             {"optimizer_steps", optimizer.steps()}, {"rng", rng.str()}};
+      for (const auto& g : groups) {
+        const auto* bytes = reinterpret_cast<const unsigned char*>(g.values);
+        checkpoint.payload.insert(checkpoint.payload.end(), bytes, bytes + g.count * sizeof(float));
+      }
+      for (const auto* moment : {&optimizer.first_moment(), &optimizer.second_moment()}) {
+        const auto* bytes = reinterpret_cast<const unsigned char*>(moment->data());
+        checkpoint.payload.insert(checkpoint.payload.end(), bytes, bytes + moment->size() * sizeof(float));
+      }
+      write_checkpoint(config.checkpoint, checkpoint);
+    });
+    if (out) *out << "checkpoint step " << next_step << " -> " << config.checkpoint << "\n";
+  };
+
+  // ---- the measured peak of the cores the ranks use (all at once, as they will run)
+  TrainResult result;
+  result.dp = dp;
+  result.cp = cp;
+  result.first_step = first + 1;
+  result.parameters = model.parameter_count();
+  result.flops_per_step = model.flops_per_step(config.batch);
+  result.peak_gflops = config.peak_gflops;
+  if (result.peak_gflops == 0) {
+    world.barrier();
+    double mine = measure_fma_peak(exec, 0.3).gflops();
+    world.all_reduce(&mine, &result.peak_gflops, 1, parallel::DataType::float64, parallel::ReduceOp::sum);
+  }
+  if (out) {
+    *out << "model     " << config.model.layers << " layers, embed " << config.model.embed << ", " << config.model.heads
+         << " heads, context " << N << ", attention " << config.model.attention << ": " << result.parameters
+         << " parameters\n"
+         << "data      " << to_string(config.data.task)
+         << (config.data.task == Task::text ? " " + config.data.text + " (" + std::to_string(data->bytes(Split::train)) +
+                                                  " train / " + std::to_string(data->bytes(Split::validation)) +
+                                                  " validation bytes)"
+                                            : ", " + std::to_string(config.data.pairs) + " pairs, " +
+                                                  std::to_string(config.data.queries) + " queries")
+         << "\n"
+         << "grid      " << world.size() << " ranks = dp " << dp << " x cp " << cp << "; " << config.batch
+         << " sequences per step (" << config.batch * N << " tokens)\n"
+         << "compute   " << std::fixed << std::setprecision(2) << result.flops_per_step * 1e-9 << " GFLOP per step; "
+         << "FMA peak of the ranks' cores " << std::setprecision(1) << result.peak_gflops << " GFLOP/s"
+         << (config.peak_gflops > 0 ? " (given)" : " (measured)") << "\n";
+  }
+
+  auto global_sum = [&](double mine) {
+    double total = 0;
+    world.all_reduce(&mine, &total, 1, parallel::DataType::float64, parallel::ReduceOp::sum);
+    return total;
+  };
+  auto evaluate = [&] {
+    std::mt19937_64 rng(config.data_seed ^ 0x9e3779b97f4a7c15ull);  // the same batches every time
+    double total = 0;
+    for (int i = 0; i < config.eval_batches; ++i) {
+      const HostBatch global = data->sample(Split::validation, rng, config.batch);
+      total += global_sum(model.forward(local.fill(global), global.weighted_tokens));
+    }
+    return total / config.eval_batches;
+  };
+
+  const int last = config.stop_after > 0 ? std::min(config.steps, config.stop_after) : config.steps;
+  const Clock::time_point run_start = Clock::now();
+  memory::default_pool<Kokkos::HostSpace>().reset_high_water();
+  for (int step = first; step < last; ++step) {
+    const Clock::time_point start = Clock::now();
+    double communication = 0;
+    const HostBatch global = data->sample(Split::train, train_rng, config.batch);
+    model.zero_gradients();
+    if (ring) ring->reset_timings();
+    const double local_loss = model.forward(local.fill(global), global.weighted_tokens);
+    model.backward([&](int group) {
+      if (buckets) buckets->ready(group);
+    });
+    if (buckets) {
+      const Clock::time_point wait = Clock::now();
+      buckets->wait();
+      communication += seconds_since(wait);
+    }
+    const Clock::time_point reduce = Clock::now();
+    const double loss = global_sum(local_loss);
+    communication += seconds_since(reduce) + (ring ? ring->wait_seconds() : 0.0);
+    world.guarded(program, [&] {
+      require(std::isfinite(loss), program, "loss at step " + std::to_string(step + 1), loss,
+              "a finite number: training stopped (try a lower --lr or --clip)");
+    });
+    StepRecord r;
+    r.step = step + 1;
+    r.lr = learning_rate(config.optimizer, step, config.steps);
+    r.gradient_norm = optimizer.step(r.lr);
+    r.loss = loss;
+    r.seconds = seconds_since(start);
+    // The slowest rank's time, communication and memory make the step's figures.
+    const double mine[3] = {r.seconds, communication,
+                            double(memory::default_pool<Kokkos::HostSpace>().stats().in_use_high_water_bytes)};
+    double most[3];
+    world.all_reduce(mine, most, 3, parallel::DataType::float64, parallel::ReduceOp::max);
+    r.seconds = most[0];
+    r.tokens_per_second = double(config.batch * N) / r.seconds;
+    r.gflops = result.flops_per_step / r.seconds * 1e-9;
+    r.peak_fraction = result.peak_gflops > 0 ? r.gflops / result.peak_gflops : 0;
+    r.communication_share = most[1] / r.seconds;
+    r.memory_bytes = std::size_t(most[2]);
+    result.steps.push_back(r);
+    if (out && !config.quiet) {
+      const double elapsed = seconds_since(run_start), done = double(step + 1 - first);
+      *out << "step " << std::setw(5) << r.step << "/" << config.steps << "  loss " << std::fixed << std::setprecision(4)
+           << r.loss << "  lr " << std::scientific << std::setprecision(2) << r.lr << std::fixed << "  tok/s "
+           << std::setprecision(0) << r.tokens_per_second << "  GFLOP/s " << std::setprecision(1) << r.gflops << " ("
+           << std::setprecision(2) << r.peak_fraction << " of peak)  mem " << std::setprecision(0)
+           << double(r.memory_bytes) / double(1 << 20) << " MiB  comm " << std::setprecision(0)
+           << 100 * r.communication_share << "%  eta " << duration(elapsed / done * (last - step - 1)) << "\n"
+           << std::flush;
+    }
+    const bool final_step = step + 1 == last;
+    if ((config.eval_every > 0 && (step + 1) % config.eval_every == 0) || (final_step && last == config.steps)) {
+      result.evals.push_back({step + 1, evaluate()});
+      if (out) *out << "eval  " << std::setw(5) << step + 1 << "  validation loss " << std::fixed << std::setprecision(4)
+                    << result.evals.back().loss << "\n" << std::flush;
+    }
+    if (!config.checkpoint.empty() && ((config.checkpoint_every > 0 && (step + 1) % config.checkpoint_every == 0) || final_step))
+      save(step + 1);
+  }
+  return result;
+}
+
+}  // namespace longattn::train
