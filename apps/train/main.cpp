@@ -85,13 +85,14 @@ int main(int argc, char** argv) {
   c.data.task = tasks.at(task);
   try {
     const TrainResult result = run_training(c, world, &std::cout);
+    const nlohmann::json report = root ? result.to_json(c) : nlohmann::json();
     if (root && !json_path.empty()) {
       std::ofstream out(json_path);
       longattn::require(bool(out), "longattn-train", "json", "\"" + json_path + "\"", "a writable file");
-      out << result.to_json(c).dump(2) << "\n";
+      out << report.dump(2) << "\n";
     }
     if (root && !result.steps.empty()) {
-      const auto summary = result.to_json(c)["summary"];
+      const auto& summary = report["summary"];
       std::cout << std::fixed << std::setprecision(4) << "summary   loss " << summary["first_loss"].get<double>()
                 << " -> " << summary["last_loss"].get<double>() << "; after the first step " << std::setprecision(1)
                 << summary["steady_gflops"].get<double>() << " GFLOP/s = " << std::setprecision(2)

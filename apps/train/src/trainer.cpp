@@ -4,10 +4,11 @@
 #include <cmath>
 #include <cstring>
 #include <iomanip>
-#include <limits>
 #include <memory>
 #include <optional>
 #include <sstream>
+#include <utility>
+#include <vector>
 
 #include "longattn/core/ceilings.hpp"
 #include "longattn/parallel/context_parallel_attention.hpp"
@@ -38,8 +39,8 @@ nlohmann::json run_identity(const TrainConfig& c) {
 // The tokens of this rank: its sequences of the global batch, its segments of each.
 class LocalBatch {
  public:
-  LocalBatch(std::int64_t sequences, const std::vector<parallel::Segment>& segments)
-      : segments_(segments), first_(0), sequences_(sequences) {
+  LocalBatch(std::int64_t first, std::int64_t sequences, const std::vector<parallel::Segment>& segments)
+      : segments_(segments), first_(first), sequences_(sequences) {
     std::int64_t n = 0;
     for (const auto& s : segments) n += s.tokens;
     batch_.inputs = Model::TokenIds("inputs", sequences, n);
@@ -49,8 +50,6 @@ class LocalBatch {
     for (const auto& s : segments)
       for (std::int64_t t = 0; t < s.tokens; ++t) batch_.positions(s.local_begin + t) = int(s.global_begin + t);
   }
-  void set_first_sequence(std::int64_t first) { first_ = first; }
-
   const Model::Batch& fill(const HostBatch& global) {
     for (std::int64_t b = 0; b < sequences_; ++b)
       for (const auto& s : segments_)
@@ -155,8 +154,7 @@ TrainResult run_training(const TrainConfig& config, const parallel::Communicator
     model.set_attention_runner(ring);
     segments = ring->segments();
   }
-  LocalBatch local(sequences, segments);
-  local.set_first_sequence(std::int64_t(dp_rank) * sequences);
+  LocalBatch local(std::int64_t(dp_rank) * sequences, sequences, segments);
 
   const auto& groups = model.parameter_groups();
   std::unique_ptr<parallel::GradientBuckets> buckets;
@@ -167,6 +165,13 @@ TrainResult run_training(const TrainConfig& config, const parallel::Communicator
     for (const auto& g : groups) buckets->add(g.gradients, g.count);
   }
   AdamW<Exec, float> optimizer(config.optimizer, groups);
+  // A checkpoint's payload, in order: every group's parameters, then AdamW's two moments.
+  std::vector<std::pair<float*, std::size_t>> state;
+  for (const auto& g : groups) state.emplace_back(g.values, g.count);
+  state.emplace_back(optimizer.first_moment().data(), optimizer.first_moment().size());
+  state.emplace_back(optimizer.second_moment().data(), optimizer.second_moment().size());
+  std::size_t state_bytes = 0;
+  for (const auto& [data, count] : state) state_bytes += count * sizeof(float);
   std::mt19937_64 train_rng(config.data_seed);
   int first = 0;  // 0-based step to start from
 
@@ -183,20 +188,14 @@ TrainResult run_training(const TrainConfig& config, const parallel::Communicator
         require(m["run"].contains(key) && m["run"][key] == value, program,
                 "checkpoint's " + key, m["run"].contains(key) ? m["run"][key].dump() : "missing",
                 value.dump() + " (this run's; resume with the options the checkpoint was written with)");
-      std::size_t bytes = 0;
-      for (const auto& g : groups) bytes += g.count * sizeof(float);
-      bytes *= 3;  // parameters, first and second moments
-      require(checkpoint.payload.size() == bytes, program, "checkpoint's payload bytes", checkpoint.payload.size(),
-              std::to_string(bytes) + " (this model's parameters and optimizer state)");
+      require(checkpoint.payload.size() == state_bytes, program, "checkpoint's payload bytes",
+              checkpoint.payload.size(), std::to_string(state_bytes) + " (this model's parameters and optimizer state)");
     });
     const unsigned char* p = checkpoint.payload.data();
-    for (const auto& g : groups) {
-      std::memcpy(g.values, p, g.count * sizeof(float));
-      p += g.count * sizeof(float);
+    for (const auto& [data, count] : state) {
+      std::memcpy(data, p, count * sizeof(float));
+      p += count * sizeof(float);
     }
-    std::memcpy(optimizer.first_moment().data(), p, optimizer.first_moment().size() * sizeof(float));
-    p += optimizer.first_moment().size() * sizeof(float);
-    std::memcpy(optimizer.second_moment().data(), p, optimizer.second_moment().size() * sizeof(float));
     const nlohmann::json& m = checkpoint.metadata;
     first = m["step"].get<int>();
     optimizer.set_steps(m["optimizer_steps"].get<std::int64_t>());
@@ -213,13 +212,10 @@ TrainResult run_training(const TrainConfig& config, const parallel::Communicator
       rng << train_rng;
       checkpoint.metadata = {{"run", run_identity(config)}, {"step", next_step},
                              {"optimizer_steps", optimizer.steps()}, {"rng", rng.str()}};
-      for (const auto& g : groups) {
-        const auto* bytes = reinterpret_cast<const unsigned char*>(g.values);
-        checkpoint.payload.insert(checkpoint.payload.end(), bytes, bytes + g.count * sizeof(float));
-      }
-      for (const auto* moment : {&optimizer.first_moment(), &optimizer.second_moment()}) {
-        const auto* bytes = reinterpret_cast<const unsigned char*>(moment->data());
-        checkpoint.payload.insert(checkpoint.payload.end(), bytes, bytes + moment->size() * sizeof(float));
+      checkpoint.payload.reserve(state_bytes);
+      for (const auto& [data, count] : state) {
+        const auto* bytes = reinterpret_cast<const unsigned char*>(data);
+        checkpoint.payload.insert(checkpoint.payload.end(), bytes, bytes + count * sizeof(float));
       }
       write_checkpoint(config.checkpoint, checkpoint);
     });

@@ -42,6 +42,7 @@ class AdamW {
   using Flat = Kokkos::View<T*, memory_space>;
 
   AdamW(const OptimizerConfig& config, const std::vector<ParameterGroup<T>>& groups) : config_(config), groups_(groups) {
+    validate(config);
     std::size_t total = 0;
     for (const auto& g : groups_) total += g.count;
     m_ = longattn::detail::allocate_workspace<Flat>(total);
@@ -66,6 +67,7 @@ class AdamW {
 
   // One update at learning rate lr; returns the gradient norm before clipping.
   double step(double lr) {
+    require(lr >= 0 && std::isfinite(lr), "longattn::train::AdamW::step", "lr", lr, "a finite learning rate >= 0");
     const double norm = gradient_norm();
     const double scale = config_.clip > 0 && norm > config_.clip ? config_.clip / norm : 1.0;
     ++steps_;
