@@ -29,12 +29,15 @@
 namespace {
 
 using Exec = Kokkos::DefaultHostExecutionSpace;
-using Tensor = Kokkos::View<float****, Kokkos::LayoutRight, Exec::memory_space>;
-using Rows = Kokkos::View<float***, Kokkos::LayoutRight, Exec::memory_space>;
 
 double fma_peak_gflops_all_cores = 0;
 
+// The tensors of one attention call, stored as T (float, or a 16-bit type: bfloat16 benchmarks
+// are named <longattn::bfloat16>); lse in accumulate_t<T>.
+template <class T = float>
 struct Problem {
+  using Tensor = Kokkos::View<T****, Kokkos::LayoutRight, Exec::memory_space>;
+  using Rows = Kokkos::View<longattn::accumulate_t<T>***, Kokkos::LayoutRight, Exec::memory_space>;
   Tensor q, k, v, o, d_o, dq, dk, dv;
   Rows lse;
   Problem(int batch, int tokens, int heads, int head_dim)
@@ -44,10 +47,11 @@ struct Problem {
         dk("dk", batch, tokens, heads, head_dim), dv("dv", batch, tokens, heads, head_dim),
         lse("lse", batch, heads, tokens) {
     Kokkos::Random_XorShift64_Pool<Exec> pool(2026);
-    Kokkos::fill_random(q, pool, -1.0f, 1.0f);
-    Kokkos::fill_random(k, pool, -1.0f, 1.0f);
-    Kokkos::fill_random(v, pool, -1.0f, 1.0f);
-    Kokkos::fill_random(d_o, pool, -1.0f, 1.0f);
+    Kokkos::View<float****, Kokkos::LayoutRight, Exec::memory_space> values("values", batch, tokens, heads, head_dim);
+    for (const Tensor& x : {q, k, v, d_o}) {
+      Kokkos::fill_random(values, pool, -1.0f, 1.0f);
+      Kokkos::parallel_for(Kokkos::RangePolicy<Exec>(0, x.span()), [=](std::size_t i) { x.data()[i] = T(values.data()[i]); });
+    }
   }
 };
 
@@ -72,26 +76,28 @@ double time_steps(benchmark::State& state, Step&& step) {
   return timer.seconds();
 }
 
-// Args: {N, D, causal}; B = 1, H = 8.
+// Args: {N, D, causal}; B = 1, H = 8. T: the tensors' storage type.
+template <class T>
 void BM_AttentionForward(benchmark::State& state) {
   const int N = int(state.range(0)), D = int(state.range(1)), H = 8;
   longattn::AttentionOptions opts;
   opts.causal = state.range(2) != 0;
-  Problem p(1, N, H, D);
+  Problem<T> p(1, N, H, D);
   const double seconds = time_steps(state, [&] {
     longattn::attention_forward(Exec(), p.q, p.k, p.v, p.o, p.lse, opts);
     Kokkos::fence();
   });
   const double n = state.iterations();
   set_counters(state, n * forward_flops(1, N, H, D, opts.causal),
-               n * (4.0 * N * H * D + H * N) * sizeof(float), seconds);
+               n * (4.0 * N * H * D * sizeof(T) + H * N * sizeof(float)), seconds);
 }
 
+template <class T>
 void BM_AttentionForwardBackward(benchmark::State& state) {
   const int N = int(state.range(0)), D = int(state.range(1)), H = 8;
   longattn::AttentionOptions opts;
   opts.causal = state.range(2) != 0;
-  Problem p(1, N, H, D);
+  Problem<T> p(1, N, H, D);
   const double seconds = time_steps(state, [&] {
     longattn::attention_forward(Exec(), p.q, p.k, p.v, p.o, p.lse, opts);
     longattn::attention_backward(Exec(), p.q, p.k, p.v, p.o, p.d_o, p.lse, p.dq, p.dk, p.dv, opts);
@@ -99,7 +105,7 @@ void BM_AttentionForwardBackward(benchmark::State& state) {
   });
   const double n = state.iterations();
   set_counters(state, n * 3.5 * forward_flops(1, N, H, D, opts.causal),
-               n * (4.0 + 8.0) * N * H * D * sizeof(float) + n * 2.0 * H * N * sizeof(float), seconds);
+               n * (4.0 + 8.0) * N * H * D * sizeof(T) + n * 2.0 * H * N * sizeof(float), seconds);
 }
 
 // Bytes allocated through Kokkos (Views, and the OpenMP backend's per-thread scratch pool) while
@@ -137,9 +143,9 @@ void BM_AttentionMemory(benchmark::State& state) {
   const int N = int(state.range(0)), H = 8, D = 64;
   longattn::AttentionOptions opts;
   opts.causal = true;
-  Problem p(1, N, H, D);
+  Problem<float> p(1, N, H, D);
   {  // the per-thread scratch pool grows on first use: reported separately, below
-    Problem small(1, 64, H, D);
+    Problem<float> small(1, 64, H, D);
     longattn::attention_backward(Exec(), small.q, small.k, small.v, small.o, small.d_o, small.lse, small.dq,
                                  small.dk, small.dv, opts);
   }
@@ -180,7 +186,7 @@ void run_dilated(benchmark::State& state, bool with_backward) {
   const longattn::DilatedConfig config = dilated_config(state);
   longattn::AttentionOptions opts;
   opts.causal = state.range(2) != 0;
-  Problem p(1, N, H, D);
+  Problem<float> p(1, N, H, D);
   auto step = [&] {
     longattn::dilated_attention_forward(Exec(), p.q, p.k, p.v, p.o, p.lse, config, opts);
     if (with_backward)
@@ -239,7 +245,7 @@ void run_block_sparse(benchmark::State& state, bool with_backward) {
   const longattn::BlockSparseConfig config = block_sparse_config(state);
   const bool adaptive = config.pattern == longattn::BlockSparsePattern::top_k;
   longattn::AttentionOptions opts;
-  Problem p(1, N, H, D);
+  Problem<float> p(1, N, H, D);
   auto layout = longattn::block_sparse_layout(Exec(), config, p.q, p.k, opts.causal);
   auto step = [&] {
     if (adaptive) layout = longattn::block_sparse_layout(Exec(), config, p.q, p.k, opts.causal);
@@ -263,15 +269,22 @@ void BM_BlockSparseForwardBackward(benchmark::State& state) { run_block_sparse(s
 
 }  // namespace
 
-BENCHMARK(BM_AttentionForward)
+BENCHMARK_TEMPLATE(BM_AttentionForward, float)
     ->ArgsProduct({{1024, 2048, 4096, 8192, 16384}, {64, 128}, {0, 1}})
     ->UseRealTime()->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_AttentionForwardBackward)
+BENCHMARK_TEMPLATE(BM_AttentionForwardBackward, float)
     ->ArgsProduct({{1024, 2048, 4096, 8192, 16384}, {64, 128}, {0, 1}})
+    ->UseRealTime()->Unit(benchmark::kMillisecond);
+// bfloat16 storage (float accumulation) on the same shapes up to 8K: the cost of the conversions.
+BENCHMARK_TEMPLATE(BM_AttentionForward, longattn::bfloat16)
+    ->ArgsProduct({{1024, 4096, 8192}, {64, 128}, {0, 1}})
+    ->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK_TEMPLATE(BM_AttentionForwardBackward, longattn::bfloat16)
+    ->ArgsProduct({{1024, 4096, 8192}, {64, 128}, {0, 1}})
     ->UseRealTime()->Unit(benchmark::kMillisecond);
 // Dense at 32K: the baseline dilated attention is compared with in the same run.
-BENCHMARK(BM_AttentionForward)->Args({32768, 64, 0})->Iterations(1)->UseRealTime()->Unit(benchmark::kSecond);
-BENCHMARK(BM_AttentionForwardBackward)->Args({32768, 64, 0})->Iterations(1)->UseRealTime()->Unit(benchmark::kSecond);
+BENCHMARK_TEMPLATE(BM_AttentionForward, float)->Args({32768, 64, 0})->Iterations(1)->UseRealTime()->Unit(benchmark::kSecond);
+BENCHMARK_TEMPLATE(BM_AttentionForwardBackward, float)->Args({32768, 64, 0})->Iterations(1)->UseRealTime()->Unit(benchmark::kSecond);
 BENCHMARK(BM_DilatedForward)
     ->ArgsProduct({{8192, 16384, 32768, 65536, 131072, 262144}, {0, 1}, {0}})
     ->UseRealTime()->Unit(benchmark::kMillisecond);
@@ -279,8 +292,8 @@ BENCHMARK(BM_DilatedForwardBackward)
     ->ArgsProduct({{8192, 16384, 32768, 65536, 131072, 262144}, {0, 1}, {0}})
     ->UseRealTime()->Unit(benchmark::kMillisecond);
 // Block-sparse at 16K and 64K, and dense at 64K (16K is above): densities, then the named patterns.
-BENCHMARK(BM_AttentionForward)->Args({65536, 64, 0})->Iterations(1)->UseRealTime()->Unit(benchmark::kSecond);
-BENCHMARK(BM_AttentionForwardBackward)->Args({65536, 64, 0})->Iterations(1)->UseRealTime()->Unit(benchmark::kSecond);
+BENCHMARK_TEMPLATE(BM_AttentionForward, float)->Args({65536, 64, 0})->Iterations(1)->UseRealTime()->Unit(benchmark::kSecond);
+BENCHMARK_TEMPLATE(BM_AttentionForwardBackward, float)->Args({65536, 64, 0})->Iterations(1)->UseRealTime()->Unit(benchmark::kSecond);
 BENCHMARK(BM_BlockSparseForward)
     ->ArgsProduct({{16384, 65536}, {0}, {5, 10, 25, 50, 100}})
     ->ArgsProduct({{16384, 65536}, {1, 2, 3, 4}, {0}})

@@ -55,7 +55,7 @@ def longattn_seconds(bench, mode, tokens, pattern, percent, threads):
 
 def dense_seconds(bench, mode, tokens, threads):
     name = {"forward": "BM_AttentionForward", "forward+backward": "BM_AttentionForwardBackward"}[mode]
-    run = run_bench(bench, f"{name}/{tokens}/{HEAD_DIM}/0/", threads)
+    run = run_bench(bench, f"{name}<float>/{tokens}/{HEAD_DIM}/0/", threads)
     return run["real_time"] / run["iterations"] * {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}[run["time_unit"]]
 
 

@@ -27,7 +27,7 @@ def longattn_gflops(bench, mode, tokens, head_dim, causal, threads):
     name = {"forward": "BM_AttentionForward", "forward+backward": "BM_AttentionForwardBackward"}[mode]
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), OMP_PROC_BIND="false")
     out = subprocess.run(
-        [bench, f"--benchmark_filter=^{name}/{tokens}/{head_dim}/{int(causal)}/",
+        [bench, f"--benchmark_filter=^{name}<float>/{tokens}/{head_dim}/{int(causal)}/",
          "--benchmark_format=json", "--benchmark_min_time=0.5"],
         env=env, check=True, capture_output=True, text=True).stdout
     runs = json.loads(out)["benchmarks"]

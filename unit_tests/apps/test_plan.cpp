@@ -189,8 +189,6 @@ TEST_CASE("block-sparse work is the core layouts' kept blocks", "[plan]") {
       m.hidden = 256;
       m.attention = c.spec;
       m.causal = causal;
-      longattn::BlockSparseShape shape;
-      shape.queries = shape.keys = tokens;
       Kokkos::View<float****, Exec> q("q", 1, tokens, 1, 8);
       const auto layout = longattn::block_sparse_layout(Exec(), c.config, q, q, causal);
       CHECK(attention_work(m).scores == double(layout.kept_blocks()) * 64 * 64 * m.heads);

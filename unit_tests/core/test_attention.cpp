@@ -1,6 +1,6 @@
 // The fused attention kernels against the naive double-precision reference on fresh random
 // data: odd sizes (no extent a multiple of the 64-token block), several head dims, Nq != Nk with
-// global offsets, both causal settings, float and double, strided views, every enabled
+// global offsets, both causal settings, float, double, bfloat16 and float16, strided views, every enabled
 // execution space. Gradients also by central finite differences; merge_partial by splitting
 // the keys; rows that see no key; bad input.
 #include <catch2/catch.hpp>
@@ -26,6 +26,7 @@ using longattn::test::random_tensor;
 using longattn::test::relative_error;
 using longattn::test::to_device;
 using longattn::test::to_host;
+using longattn::test::gradient_tolerance;
 using longattn::test::tolerance;
 
 struct Shape {
@@ -67,7 +68,7 @@ const Shape shapes[] = {
 template <class ExecSpace, class T>
 void check_forward_and_backward(const Shape& s, bool causal, std::mt19937_64& rng) {
   using Memory = typename ExecSpace::memory_space;
-  INFO(describe(s, causal) << ", " << (std::is_same_v<T, float> ? "float" : "double"));
+  INFO(describe(s, causal) << ", " << longattn::detail::scalar_name<T>());
   const HostTensor q = random_tensor<T>(s.batch, s.queries, s.heads, s.head_dim, rng);
   const HostTensor k = random_tensor<T>(s.batch, s.keys, s.heads, s.head_dim, rng);
   const HostTensor v = random_tensor<T>(s.batch, s.keys, s.heads, s.head_dim, rng);
@@ -83,7 +84,7 @@ void check_forward_and_backward(const Shape& s, bool causal, std::mt19937_64& rn
   auto qd = to_device<T, Memory>(q), kd = to_device<T, Memory>(k), vd = to_device<T, Memory>(v);
   auto dod = to_device<T, Memory>(d_o);
   Kokkos::View<T****, Memory> o("o", s.batch, s.queries, s.heads, s.head_dim);
-  Kokkos::View<T***, Memory> lse("lse", s.batch, s.heads, s.queries);
+  Kokkos::View<longattn::accumulate_t<T>***, Memory> lse("lse", s.batch, s.heads, s.queries);
   Kokkos::View<T****, Memory> dq("dq", s.batch, s.queries, s.heads, s.head_dim);
   Kokkos::View<T****, Memory> dk("dk", s.batch, s.keys, s.heads, s.head_dim), dv("dv", s.batch, s.keys, s.heads, s.head_dim);
   const ExecSpace exec;
@@ -93,9 +94,9 @@ void check_forward_and_backward(const Shape& s, bool causal, std::mt19937_64& rn
 
   CHECK(relative_error(to_host(o), o_ref) <= tolerance<T>());
   CHECK(relative_error(to_host(lse), lse_ref) <= tolerance<T>());
-  CHECK(relative_error(to_host(dq), dq_ref) <= 4 * tolerance<T>());
-  CHECK(relative_error(to_host(dk), dk_ref) <= 4 * tolerance<T>());
-  CHECK(relative_error(to_host(dv), dv_ref) <= 4 * tolerance<T>());
+  CHECK(relative_error(to_host(dq), dq_ref) <= gradient_tolerance<T>());
+  CHECK(relative_error(to_host(dk), dk_ref) <= gradient_tolerance<T>());
+  CHECK(relative_error(to_host(dv), dv_ref) <= gradient_tolerance<T>());
 }
 
 }  // namespace
@@ -107,6 +108,18 @@ TEMPLATE_LIST_TEST_CASE("attention forward and backward match the double referen
     for (bool causal : {false, true}) {
       check_forward_and_backward<TestType, float>(s, causal, rng);
       check_forward_and_backward<TestType, double>(s, causal, rng);
+    }
+}
+
+// The 16-bit types: inputs rounded to them (the reference sees the rounded values), float
+// accumulation, outputs rounded once; lse in float.
+TEMPLATE_LIST_TEST_CASE("bfloat16 and float16 attention match the double reference within their rounding",
+                        "[core][attention][half]", longattn::test::ExecutionSpaces) {
+  std::mt19937_64 rng(longattn::test::test_seed());
+  for (const Shape& s : shapes)
+    for (bool causal : {false, true}) {
+      check_forward_and_backward<TestType, longattn::bfloat16>(s, causal, rng);
+      check_forward_and_backward<TestType, longattn::float16>(s, causal, rng);
     }
 }
 
@@ -465,6 +478,16 @@ TEST_CASE("attention rejects bad input with a longattn::Error naming the argumen
                     Catch::Contains("'d_o's extents' is [1, 10, 2, 8], expected [1, 10, 2, 16]"));
   CHECK_THROWS_WITH(longattn::attention_backward(exec, q, k, v, o, d_o, lse, dq, F4("dk", 1, 10, 2, 16), dv),
                     Catch::Contains("'dk's extents'"));
+
+  using B4 = Kokkos::View<longattn::bfloat16****, Kokkos::HostSpace>;
+  B4 q16("q", 1, 10, 2, 16), k16("k", 1, 12, 2, 16), v16("v", 1, 12, 2, 16), o16("o", 1, 10, 2, 16);
+  CHECK_NOTHROW(longattn::attention_forward(exec, q16, k16, v16, o16, lse));
+  CHECK_THROWS_WITH(longattn::attention_forward(exec, q16, k16, v16, o16, Kokkos::View<longattn::bfloat16***, Kokkos::HostSpace>("lse", 1, 2, 10)),
+                    Catch::Contains("'lse's value type' is bfloat16, expected float (the value type of q's bfloat16 accumulation)"));
+  CHECK_THROWS_WITH(longattn::attention_forward(exec, q16, k16, v, o16, lse),
+                    Catch::Contains("'v's value type' is float, expected bfloat16"));
+  CHECK_THROWS_WITH(longattn::attention_forward(exec, Kokkos::View<int****, Kokkos::HostSpace>("q", 1, 10, 2, 16), k, v, o, lse),
+                    Catch::Contains("expected float, double, bfloat16 or float16"));
 
   CHECK_THROWS_WITH(longattn::merge_partial(exec, o, lse, o, lse), Catch::Contains("argument 'o' is overlapping o_part"));
   CHECK_THROWS_WITH(longattn::merge_partial(exec, o, lse, F4("part", 1, 10, 2, 8), F3("lse", 1, 2, 10)),

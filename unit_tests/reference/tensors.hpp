@@ -10,6 +10,7 @@
 #include <random>
 #include <type_traits>
 
+#include "longattn/core/half.hpp"
 #include "reference/attention.hpp"
 
 namespace longattn::test {
@@ -66,9 +67,20 @@ double relative_error(const View& a, const View& b) {
   return worst / size;
 }
 
+// Float and double: accumulated rounding. The 16-bit types: their outputs are rounded once to
+// 8 (bfloat16) or 11 (float16) significant bits, an error of at most 2^-9 or 2^-12 relative,
+// with a factor 2 for the rest (Delta from the rounded o, float accumulation).
 template <class T>
 double tolerance() {
+  if constexpr (std::is_same_v<T, longattn::bfloat16>) return 2 * 0x1p-9;
+  if constexpr (std::is_same_v<T, longattn::float16>) return 2 * 0x1p-12;
   return std::is_same_v<T, float> ? 2e-5 : 1e-12;
+}
+
+// Gradients sum more terms: 4x, except in the 16-bit types, where the final rounding dominates.
+template <class T>
+double gradient_tolerance() {
+  return (longattn::is_half_v<T> ? 1 : 4) * tolerance<T>();
 }
 
 

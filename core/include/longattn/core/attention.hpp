@@ -6,14 +6,15 @@
 //
 // Tensors are rank-4 views [B, N, H, D] (batch, tokens, heads, head dim) in any layout with
 // strides (LayoutRight, LayoutLeft, LayoutStride: a view of every r-th token is not a copy);
-// lse is [B, H, Nq], the natural log of each query's softmax denominator. Scalar: float or double
-// (accumulation in the same type). q and o have Nq tokens, k and v Nk; they may differ.
+// lse is [B, H, Nq], the natural log of each query's softmax denominator. Scalar T: float or
+// double (accumulation in the same type), or the 16-bit storage types bfloat16 and float16
+// (half.hpp; accumulation in float, and lse is float). q and o have Nq tokens, k and v Nk.
 // `blocks` is the block pattern the kernels visit: dense by default (DenseBlocks), or a
 // block-sparse layout (block_sparse_layout.hpp), whose cost is proportional to its kept blocks.
 //
 // Memory: the forward pass allocates nothing; the backward pass allocates
-// attention_backward_workspace_bytes() = B * H * Nq * sizeof(T) (Delta = rowsum(dO * O),
-// through allocate_workspace). Each
+// attention_backward_workspace_bytes() = B * H * Nq * sizeof(accumulate_t<T>) (Delta =
+// rowsum(dO * O), through allocate_workspace). Each
 // team also uses the scratch of attention_scratch_bytes() (per thread on a CPU).
 #pragma once
 
@@ -28,6 +29,7 @@
 #include <utility>
 
 #include "longattn/core/dense_blocks.hpp"
+#include "longattn/core/half.hpp"
 #include "longattn/core/workspace.hpp"
 #include "longattn/core/detail/attention_kernels.hpp"
 #include "longattn/error.hpp"
@@ -59,12 +61,12 @@ inline constexpr int attention_max_head_dim = 256;
 // (DenseBlocks, block-sparse layouts) are in these units.
 template <class ExecSpace, class T>
 constexpr int attention_block_size() {
-  return detail::AttentionTiles<ExecSpace, T>::block;
+  return detail::AttentionTiles<ExecSpace, accumulate_t<T>>::block;
 }
 
 template <class T>
 std::size_t attention_backward_workspace_bytes(int batch, int heads, int queries) {
-  return std::size_t(batch) * heads * queries * sizeof(T);
+  return std::size_t(batch) * heads * queries * sizeof(accumulate_t<T>);
 }
 
 // Team scratch of the forward pass and of the larger of the two backward passes.
@@ -80,6 +82,8 @@ template <class T>
 std::string scalar_name() {
   if (std::is_same_v<T, float>) return "float";
   if (std::is_same_v<T, double>) return "double";
+  if (std::is_same_v<T, bfloat16>) return "bfloat16";
+  if (std::is_same_v<T, float16>) return "float16";
   return "an unsupported type";
 }
 
@@ -95,11 +99,15 @@ std::string extents_of(const View& view) {
 template <class View>
 using scalar_of = std::remove_const_t<typename View::value_type>;
 
-// Whether T is a supported scalar and every view holds T: only then are the kernels compiled
-// (otherwise the checks throw before they would run).
-template <class T, class... Views>
-inline constexpr bool runnable = (std::is_same_v<T, float> || std::is_same_v<T, double>) &&
-                                 (std::is_same_v<scalar_of<Views>, T> && ...);
+// The attention kernels' storage types.
+template <class T>
+inline constexpr bool attention_scalar = std::is_same_v<T, float> || std::is_same_v<T, double> || is_half_v<T>;
+
+// Whether the attention kernels run for storage type T: every tensor holds T, lse
+// accumulate_t<T>; only then are the kernels compiled (otherwise the checks throw first).
+template <class T, class Lse, class... Tensors>
+inline constexpr bool runnable_attention = attention_scalar<T> && std::is_same_v<scalar_of<Lse>, accumulate_t<T>> &&
+                                           (std::is_same_v<scalar_of<Tensors>, T> && ...);
 
 // A view holds T (the value type of the view named `reference`) and lives where the execution
 // space can reach it (a compile-time property: static_assert).
@@ -111,6 +119,16 @@ void check_view(const char* where, const char* name, const View&, const char* re
   if constexpr (!std::is_same_v<Actual, T>)
     throw_invalid_argument(where, std::string(name) + "'s value type", scalar_name<Actual>(),
                            scalar_name<T>() + " (the value type of " + reference + ")");
+}
+
+// lse holds accumulate_t<T> for tensors of T (float for the 16-bit types).
+template <class ExecSpace, class T, class Lse>
+void check_lse_view(const char* where, const char* name, const Lse& lse, const char* reference = "q") {
+  if constexpr (is_half_v<T>)
+    check_view<ExecSpace, accumulate_t<T>>(where, name, lse,
+                                           (std::string(reference) + "'s " + scalar_name<T>() + " accumulation").c_str());
+  else
+    check_view<ExecSpace, T>(where, name, lse, reference);
 }
 
 template <class View>
@@ -162,13 +180,13 @@ AttentionGeometry check_attention(const char* where, const Q& q, const K& k, con
   static_assert(Q::rank == 4 && K::rank == 4 && V::rank == 4 && O::rank == 4,
                 "q, k, v, o are rank-4 views [batch, tokens, heads, head dim]");
   static_assert(Lse::rank == 3, "lse is a rank-3 view [batch, heads, queries]");
-  if constexpr (!std::is_same_v<T, float> && !std::is_same_v<T, double>)
-    throw_invalid_argument(where, "q's value type", scalar_name<T>(), "float or double");
+  if constexpr (!attention_scalar<T>)
+    throw_invalid_argument(where, "q's value type", scalar_name<T>(), "float, double, bfloat16 or float16");
   check_view<ExecSpace, T>(where, "q", q);
   check_view<ExecSpace, T>(where, "k", k);
   check_view<ExecSpace, T>(where, "v", v);
   check_view<ExecSpace, T>(where, "o", o);
-  check_view<ExecSpace, T>(where, "lse", lse);
+  check_lse_view<ExecSpace, T>(where, "lse", lse);
 
   const std::int64_t B = q.extent(0), Nq = q.extent(1), H = q.extent(2), D = q.extent(3);
   const std::int64_t Nk = k.extent(1);
@@ -268,8 +286,7 @@ inline double softmax_scale(const AttentionOptions& opts, int head_dim) {
 template <class ExecSpace, class T, class Q, class K>
 DenseBlocks dense_blocks(const Q& q, const K& k, const AttentionOptions& opts) {
   DenseBlocks blocks;
-  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>)
-    blocks.block = AttentionTiles<ExecSpace, T>::block;
+  if constexpr (attention_scalar<T>) blocks.block = attention_block_size<ExecSpace, T>();
   blocks.queries = static_cast<int>(q.extent(1));
   blocks.keys = static_cast<int>(k.extent(1));
   blocks.query_offset = opts.query_offset;
@@ -287,7 +304,7 @@ struct has_memory_space<Pattern, std::void_t<typename Pattern::memory_space>> : 
 // for every (batch, head) and live where the kernels can read it.
 template <class ExecSpace, class T, class Blocks>
 void check_blocks(const char* where, const Blocks& blocks, const AttentionGeometry& geo) {
-  const int block = AttentionTiles<ExecSpace, T>::block;
+  const int block = attention_block_size<ExecSpace, T>();
   require(blocks.block_size() == block, where, "blocks.block_size()", blocks.block_size(),
           std::to_string(block) + " (the kernel's block size here)");
   const int query_blocks = (geo.queries + block - 1) / block, key_blocks = (geo.keys + block - 1) / block;
@@ -326,12 +343,13 @@ void attention_forward(const ExecSpace& exec, const Q& q, const K& k, const V& v
   using T = detail::scalar_of<Q>;
   const char* where = "longattn::attention_forward";
   const detail::AttentionGeometry geo = detail::check_forward<ExecSpace, T>(where, q, k, v, o, lse, opts);
-  if constexpr (detail::runnable<T, K, V, O, Lse>) {
+  if constexpr (detail::runnable_attention<T, Lse, K, V, O>) {
+    using Accumulate = accumulate_t<T>;
     detail::check_blocks<ExecSpace, T>(where, blocks, geo);
     const double scale = detail::softmax_scale(opts, geo.head_dim);
     detail::ForwardKernel<ExecSpace, T, Blocks> kernel{q, k, v, o, lse, geo, blocks,
-                                                       T(scale * detail::log2_e<double>()),
-                                                       T(opts.output_scale), opts.accumulate_output, 0};
+                                                       Accumulate(scale * detail::log2_e<double>()),
+                                                       Accumulate(opts.output_scale), opts.accumulate_output, 0};
     detail::run_team_kernel("longattn::attention_forward", exec, kernel);
   }
 }
@@ -354,12 +372,14 @@ void attention_backward(const ExecSpace& exec, const Q& q, const K& k, const V& 
   const detail::AttentionGeometry geo =
       detail::check_backward<ExecSpace, T>(where, q, k, v, o, d_o, lse, dq, dk, dv, opts);
 
-  if constexpr (detail::runnable<T, K, V, O, DO, Lse, DQ, DK, DV>) {
+  if constexpr (detail::runnable_attention<T, Lse, K, V, O, DO, DQ, DK, DV>) {
+    using Accumulate = accumulate_t<T>;
     detail::check_blocks<ExecSpace, T>(where, blocks, geo);
     const double scale = detail::softmax_scale(opts, geo.head_dim);
-    const T scale_log2 = T(scale * detail::log2_e<double>());
+    const Accumulate scale_log2 = Accumulate(scale * detail::log2_e<double>());
     using Memory = typename ExecSpace::memory_space;
-    const auto delta_memory = detail::allocate_workspace<Kokkos::View<T***, Memory>>(geo.batch, geo.heads, geo.queries);
+    const auto delta_memory =
+        detail::allocate_workspace<Kokkos::View<Accumulate***, Memory>>(geo.batch, geo.heads, geo.queries);
     const auto& delta = delta_memory.view();
     Kokkos::parallel_for("longattn::attention_backward::delta",
                          Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(
@@ -367,12 +387,12 @@ void attention_backward(const ExecSpace& exec, const Q& q, const K& k, const V& 
                          detail::DeltaKernel<ExecSpace, T>{o, d_o, delta, geo.heads, geo.queries, geo.head_dim});
     detail::run_team_kernel("longattn::attention_backward::dk_dv", exec,
                             detail::KeyGradientKernel<ExecSpace, T, Blocks>{
-                                q, k, v, d_o, lse, delta, dk, dv, geo, blocks, scale_log2, T(opts.output_scale),
+                                q, k, v, d_o, lse, delta, dk, dv, geo, blocks, scale_log2, Accumulate(opts.output_scale),
                                 opts.accumulate_gradients, 0});
     detail::run_team_kernel("longattn::attention_backward::dq", exec,
                             detail::QueryGradientKernel<ExecSpace, T, Blocks>{
-                                q, k, v, d_o, lse, delta, dq, geo, blocks, T(scale), scale_log2,
-                                T(opts.output_scale), opts.accumulate_gradients, 0});
+                                q, k, v, d_o, lse, delta, dq, geo, blocks, Accumulate(scale), scale_log2,
+                                Accumulate(opts.output_scale), opts.accumulate_gradients, 0});
   }
 }
 

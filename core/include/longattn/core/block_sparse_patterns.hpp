@@ -409,7 +409,7 @@ BlockSparseLayout<ExecSpace> block_sparse_layout(const ExecSpace& exec, const Bl
   if (config.pattern == BlockSparsePattern::top_k) return top_k_layout(exec, q, k, config.top_k, causal);
   using T = std::remove_const_t<typename Q::value_type>;
   BlockSparseShape shape;
-  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) shape.block = attention_block_size<ExecSpace, T>();
+  if constexpr (detail::attention_scalar<T>) shape.block = attention_block_size<ExecSpace, T>();
   shape.queries = q.extent(1);
   shape.keys = k.extent(1);
   return block_sparse_layout(exec, config, shape, causal);

@@ -183,7 +183,7 @@ std::size_t dilated_attention_workspace_bytes(int batch, std::int64_t tokens, in
   require(heads >= 0, where, "heads", heads, "a count >= 0");
   require(head_dim >= 0, where, "head_dim", head_dim, "a count >= 0");
   if (config.mode != DilatedMode::longnet || config.segment_lengths.size() < 2) return 0;
-  return std::size_t(batch) * tokens * heads * (head_dim + 1) * sizeof(T);
+  return std::size_t(batch) * tokens * heads * (head_dim * sizeof(T) + sizeof(accumulate_t<T>));
 }
 
 // Query-key scores the pattern computes per batch entry, over all heads (4 * head_dim flops each
@@ -210,7 +210,7 @@ void dilated_attention_forward(const ExecSpace& exec, const Q& q, const K& k, co
   const char* where = "longattn::dilated_attention_forward";
   const detail::AttentionGeometry geo = detail::check_forward<ExecSpace, T>(where, q, k, v, o, lse, opts);
   detail::check_dilated(where, geo, config);
-  if constexpr (detail::runnable<T, K, V, O, Lse>) {
+  if constexpr (detail::runnable_attention<T, Lse, K, V, O>) {
     const std::vector<detail::DilatedPass> passes = detail::dilated_passes(config, geo.heads);
     const AttentionOptions pass_opts = detail::pass_options(opts, config);
     // longnet's first configuration and every head group write o and lse directly; (token, head)
@@ -219,17 +219,17 @@ void dilated_attention_forward(const ExecSpace& exec, const Q& q, const K& k, co
     if (config.mode == DilatedMode::head_groups)
       for (const std::int64_t rate : config.dilation_rates) unselected = unselected || rate > 1;
     if (unselected) {
-      Kokkos::deep_copy(exec, o, T(0));
-      Kokkos::deep_copy(exec, lse, detail::minus_infinity<T>());
+      Kokkos::deep_copy(exec, o, T(0.0));
+      Kokkos::deep_copy(exec, lse, detail::minus_infinity<accumulate_t<T>>());
     }
     const bool merged = config.mode == DilatedMode::longnet && passes.back().config > 0;
     using Memory = typename ExecSpace::memory_space;
     memory::PooledView<Kokkos::View<T****, Kokkos::LayoutRight, Memory>> o_part_memory;
-    memory::PooledView<Kokkos::View<T***, Kokkos::LayoutRight, Memory>> lse_part_memory;
+    memory::PooledView<Kokkos::View<accumulate_t<T>***, Kokkos::LayoutRight, Memory>> lse_part_memory;
     if (merged) {
       o_part_memory = detail::allocate_workspace<Kokkos::View<T****, Kokkos::LayoutRight, Memory>>(
           geo.batch, geo.queries, geo.heads, geo.head_dim);
-      lse_part_memory = detail::allocate_workspace<Kokkos::View<T***, Kokkos::LayoutRight, Memory>>(
+      lse_part_memory = detail::allocate_workspace<Kokkos::View<accumulate_t<T>***, Kokkos::LayoutRight, Memory>>(
           geo.batch, geo.heads, geo.queries);
     }
     const auto& o_part = o_part_memory.view();
@@ -264,11 +264,11 @@ void dilated_attention_backward(const ExecSpace& exec, const Q& q, const K& k, c
   const detail::AttentionGeometry geo =
       detail::check_backward<ExecSpace, T>(where, q, k, v, o, d_o, lse, dq, dk, dv, opts);
   detail::check_dilated(where, geo, config);
-  if constexpr (detail::runnable<T, K, V, O, DO, Lse, DQ, DK, DV>) {
+  if constexpr (detail::runnable_attention<T, Lse, K, V, O, DO, DQ, DK, DV>) {
     if (!opts.accumulate_gradients) {
-      Kokkos::deep_copy(exec, dq, T(0));
-      Kokkos::deep_copy(exec, dk, T(0));
-      Kokkos::deep_copy(exec, dv, T(0));
+      Kokkos::deep_copy(exec, dq, T(0.0));
+      Kokkos::deep_copy(exec, dk, T(0.0));
+      Kokkos::deep_copy(exec, dv, T(0.0));
     }
     AttentionOptions pass_opts = detail::pass_options(opts, config);
     pass_opts.accumulate_gradients = true;  // a token's passes sum their gradients

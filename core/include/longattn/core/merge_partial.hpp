@@ -6,6 +6,7 @@
 // queries saw no key) contributes nothing, whatever its o holds; when both are -inf, o and lse
 // are left as they are. This is ring attention's accumulation over key shards and LongNet's
 // mixing of dilation configurations. Shapes: o, o_part [B, N, H, D]; lse, lse_part [B, H, N].
+// o and o_part hold float, double, bfloat16 or float16; lse and lse_part accumulate_t of that.
 #pragma once
 
 #include <Kokkos_Core.hpp>
@@ -18,11 +19,12 @@ namespace longattn {
 
 namespace detail {
 
-template <class ExecSpace, class T>
+template <class ExecSpace, class S>
 struct MergePartialKernel {
-  Tensor4<T, ExecSpace> o;
+  using T = accumulate_t<S>;
+  Tensor4<S, ExecSpace> o;
   Tensor3<T, ExecSpace> lse;
-  Tensor4<const T, ExecSpace> o_part;
+  Tensor4<const S, ExecSpace> o_part;
   Tensor3<const T, ExecSpace> lse_part;
   int tokens, heads, head_dim;
 
@@ -42,7 +44,7 @@ struct MergePartialKernel {
     const T w_theirs = Kokkos::Experimental::exp(theirs - top);
     const T inverse = T(1) / (w_mine + w_theirs);
     for (int d = 0; d < head_dim; ++d)
-      o(b, i, h, d) = (w_mine * o(b, i, h, d) + w_theirs * o_part(b, i, h, d)) * inverse;
+      o(b, i, h, d) = S((w_mine * T(o(b, i, h, d)) + w_theirs * T(o_part(b, i, h, d))) * inverse);
     lse(b, h, i) = top + Kokkos::Experimental::log(w_mine + w_theirs);
   }
 };
@@ -56,12 +58,12 @@ void merge_partial(const ExecSpace& exec, const O& o, const Lse& lse, const OPar
   static_assert(Lse::rank == 3 && LsePart::rank == 3, "lse, lse_part are rank-3 views [batch, heads, tokens]");
   using T = detail::scalar_of<O>;
   const char* where = "longattn::merge_partial";
-  if constexpr (!std::is_same_v<T, float> && !std::is_same_v<T, double>)
-    throw_invalid_argument(where, "o's value type", detail::scalar_name<T>(), "float or double");
+  if constexpr (!detail::attention_scalar<T>)
+    throw_invalid_argument(where, "o's value type", detail::scalar_name<T>(), "float, double, bfloat16 or float16");
   detail::check_view<ExecSpace, T>(where, "o", o, "o");
-  detail::check_view<ExecSpace, T>(where, "lse", lse, "o");
+  detail::check_lse_view<ExecSpace, T>(where, "lse", lse, "o");
   detail::check_view<ExecSpace, T>(where, "o_part", o_part, "o");
-  detail::check_view<ExecSpace, T>(where, "lse_part", lse_part, "o");
+  detail::check_lse_view<ExecSpace, T>(where, "lse_part", lse_part, "o");
   const std::int64_t B = o.extent(0), N = o.extent(1), H = o.extent(2), D = o.extent(3);
   detail::check_extents(where, "lse", lse, {B, H, N}, "[batch, heads, tokens] of o");
   detail::check_extents(where, "o_part", o_part, {B, N, H, D}, "the extents of o");
@@ -72,7 +74,7 @@ void merge_partial(const ExecSpace& exec, const O& o, const Lse& lse, const OPar
   detail::check_no_alias(where, "lse", lse, "o_part", o_part);
   detail::check_no_alias(where, "lse", lse, "lse_part", lse_part);
   if (B * N * H * D == 0) return;
-  if constexpr (detail::runnable<T, Lse, OPart, LsePart>) {
+  if constexpr (detail::runnable_attention<T, Lse, OPart> && std::is_same_v<detail::scalar_of<LsePart>, accumulate_t<T>>) {
     Kokkos::parallel_for("longattn::merge_partial",
                          Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(exec, 0, B * N * H),
                          detail::MergePartialKernel<ExecSpace, T>{o, lse, o_part, lse_part, int(N), int(H), int(D)});

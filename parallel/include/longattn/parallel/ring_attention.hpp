@@ -500,6 +500,7 @@ template <class ExecSpace, class Q, class K, class V, class O, class Lse>
 void ring_attention_forward(const ExecSpace& exec, const RingPlan<ExecSpace>& plan, const Q& q, const K& k,
                             const V& v, const O& o, const Lse& lse, const AttentionOptions& opts = {}) {
   using T = longattn::detail::scalar_of<Q>;
+  static_assert(!is_half_v<T>, "ring attention exchanges float or double tensors (16-bit storage: not yet)");
   using Memory = typename ExecSpace::memory_space;
   const char* where = "longattn::parallel::ring_attention_forward";
   const Communicator& comm = plan.group();
@@ -569,6 +570,7 @@ void ring_attention_backward(const ExecSpace& exec, const RingPlan<ExecSpace>& p
                              const V& v, const O& o, const DO& d_o, const Lse& lse, const DQ& dq, const DK& dk,
                              const DV& dv, const AttentionOptions& opts = {}) {
   using T = longattn::detail::scalar_of<Q>;
+  static_assert(!is_half_v<T>, "ring attention exchanges float or double tensors (16-bit storage: not yet)");
   using Memory = typename ExecSpace::memory_space;
   const char* where = "longattn::parallel::ring_attention_backward";
   const Communicator& comm = plan.group();

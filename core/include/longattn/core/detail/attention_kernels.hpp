@@ -10,7 +10,9 @@
 // Scores are kept in log2 units: the resident Q block is pre-multiplied by scale * log2(e), so
 // the softmax is exp2 of differences, and LSE is converted to the natural log on output.
 // Every product is detail::tile_mma on team scratch; only block loads and stores touch the
-// (possibly strided) global views.
+// (possibly strided) global views. The kernels are templated on the storage type S of the
+// tensors (float, double, bfloat16, float16) and compute in T = accumulate_t<S>: 16-bit
+// tensors are converted on load and rounded on store; scratch, LSE and Delta are float.
 #pragma once
 
 #include <Kokkos_Core.hpp>
@@ -18,6 +20,7 @@
 #include <cstdint>
 
 #include "longattn/core/dense_blocks.hpp"
+#include "longattn/core/half.hpp"
 #include "longattn/core/detail/tile_mma.hpp"
 
 namespace longattn::detail {
@@ -133,16 +136,17 @@ KOKKOS_INLINE_FUNCTION void prefetch_rows(const Tensor& x, int b, int h, int fir
 // Forward. Scratch (L = block tokens, D = head dim): Qt[D][L] (queries along lanes), K and V
 // blocks [L][D], St[L][L] (scores, then probabilities, key-major), Ot[D][L] (unnormalized
 // output), running max m[L] and sum l[L].
-template <class ExecSpace, class T, class Pattern>
+template <class ExecSpace, class S, class Pattern>
 struct ForwardKernel {
+  using T = accumulate_t<S>;
   using Tiles = AttentionTiles<ExecSpace, T>;
   using Member = typename Kokkos::TeamPolicy<ExecSpace>::member_type;
   using P = Pack<T, Tiles::lanes>;
   static constexpr int L = Tiles::block;
   static constexpr int W = Tiles::lanes;
 
-  Tensor4<const T, ExecSpace> q, k, v;
-  Tensor4<T, ExecSpace> o;
+  Tensor4<const S, ExecSpace> q, k, v;
+  Tensor4<S, ExecSpace> o;
   Tensor3<T, ExecSpace> lse;
   AttentionGeometry geo;
   Pattern pattern;
@@ -242,7 +246,7 @@ struct ForwardKernel {
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, q_count), [&](int i) {
       const T sum = l[i];
       const T inverse = sum > T(0) ? output_scale / sum : T(0);
-      for (int d = 0; d < D; ++d) o(b, q_first + i, h, d) = ot[d * L + i] * inverse;
+      for (int d = 0; d < D; ++d) o(b, q_first + i, h, d) = S(ot[d * L + i] * inverse);
       lse(b, h, q_first + i) =
           sum > T(0) ? (m[i] + Kokkos::Experimental::log2(sum)) * ln_2<T>() : minus_infinity<T>();
     });
@@ -251,9 +255,10 @@ struct ForwardKernel {
 
 // ---------------------------------------------------------------------------------------------
 // Delta[b, h, i] = sum_d dO[b,i,h,d] O[b,i,h,d]: the row sums that turn dP into dS.
-template <class ExecSpace, class T>
+template <class ExecSpace, class S>
 struct DeltaKernel {
-  Tensor4<const T, ExecSpace> o, d_o;
+  using T = accumulate_t<S>;
+  Tensor4<const S, ExecSpace> o, d_o;
   Kokkos::View<T***, typename ExecSpace::memory_space> delta;  // [B, H, Nq]
   int heads, queries, head_dim;
 
@@ -262,7 +267,7 @@ struct DeltaKernel {
     const int h = static_cast<int>(row / queries % heads);
     const int b = static_cast<int>(row / queries / heads);
     T sum = 0;
-    for (int d = 0; d < head_dim; ++d) sum += d_o(b, i, h, d) * o(b, i, h, d);
+    for (int d = 0; d < head_dim; ++d) sum += T(d_o(b, i, h, d)) * T(o(b, i, h, d));
     delta(b, h, i) = sum;
   }
 };
@@ -281,18 +286,19 @@ KOKKOS_INLINE_FUNCTION void load_row_statistics(const Lse& lse, const Delta& del
 // ---------------------------------------------------------------------------------------------
 // dK and dV. Keys along lanes. Scratch: Kt[D][L], Vt[D][L], the query block's Q (scaled) and
 // dO [L][D], S[L][L] (then P), dP[L][L] (then dS), dKt[D][L], dVt[D][L], lse2[L], delta[L].
-template <class ExecSpace, class T, class Pattern>
+template <class ExecSpace, class S, class Pattern>
 struct KeyGradientKernel {
+  using T = accumulate_t<S>;
   using Tiles = AttentionTiles<ExecSpace, T>;
   using Member = typename Kokkos::TeamPolicy<ExecSpace>::member_type;
   using P = Pack<T, Tiles::lanes>;
   static constexpr int L = Tiles::block;
   static constexpr int W = Tiles::lanes;
 
-  Tensor4<const T, ExecSpace> q, k, v, d_o;
+  Tensor4<const S, ExecSpace> q, k, v, d_o;
   Tensor3<const T, ExecSpace> lse;
   Kokkos::View<T***, typename ExecSpace::memory_space> delta;
-  Tensor4<T, ExecSpace> dk, dv;
+  Tensor4<S, ExecSpace> dk, dv;
   AttentionGeometry geo;
   Pattern pattern;
   T scale_log2;
@@ -379,10 +385,10 @@ struct KeyGradientKernel {
     // dK = scale * dS^T Q; Q was scaled by scale * log2(e), so dKt carries an extra log2(e).
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, k_count), [&](int j) {
       for (int d = 0; d < D; ++d) {
-        T& dk_out = dk(b, k_first + j, h, d);
-        T& dv_out = dv(b, k_first + j, h, d);
-        dk_out = (accumulate ? dk_out : T(0)) + dkt[d * L + j] * ln_2<T>();
-        dv_out = (accumulate ? dv_out : T(0)) + dvt[d * L + j];
+        S& dk_out = dk(b, k_first + j, h, d);
+        S& dv_out = dv(b, k_first + j, h, d);
+        dk_out = S((accumulate ? T(dk_out) : T(0)) + dkt[d * L + j] * ln_2<T>());
+        dv_out = S((accumulate ? T(dv_out) : T(0)) + dvt[d * L + j]);
       }
     });
   }
@@ -391,18 +397,19 @@ struct KeyGradientKernel {
 // ---------------------------------------------------------------------------------------------
 // dQ. Queries along lanes, like the forward pass. Scratch: Qt[D][L] (scaled), dOt[D][L], K and
 // V blocks [L][D], St[L][L] (then P), dPt[L][L] (then dS), dQt[D][L], lse2[L], delta[L].
-template <class ExecSpace, class T, class Pattern>
+template <class ExecSpace, class S, class Pattern>
 struct QueryGradientKernel {
+  using T = accumulate_t<S>;
   using Tiles = AttentionTiles<ExecSpace, T>;
   using Member = typename Kokkos::TeamPolicy<ExecSpace>::member_type;
   using P = Pack<T, Tiles::lanes>;
   static constexpr int L = Tiles::block;
   static constexpr int W = Tiles::lanes;
 
-  Tensor4<const T, ExecSpace> q, k, v, d_o;
+  Tensor4<const S, ExecSpace> q, k, v, d_o;
   Tensor3<const T, ExecSpace> lse;
   Kokkos::View<T***, typename ExecSpace::memory_space> delta;
-  Tensor4<T, ExecSpace> dq;
+  Tensor4<S, ExecSpace> dq;
   AttentionGeometry geo;
   Pattern pattern;
   T scale;
@@ -485,8 +492,8 @@ struct QueryGradientKernel {
 
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, q_count), [&](int i) {
       for (int d = 0; d < D; ++d) {
-        T& dq_out = dq(b, q_first + i, h, d);
-        dq_out = (accumulate ? dq_out : T(0)) + dqt[d * L + i] * scale;
+        S& dq_out = dq(b, q_first + i, h, d);
+        dq_out = S((accumulate ? T(dq_out) : T(0)) + dqt[d * L + i] * scale);
       }
     });
   }
