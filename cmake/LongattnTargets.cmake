@@ -22,6 +22,10 @@ function(longattn_set_warnings target)
   target_compile_options(${target} PRIVATE -Wall -Wextra)
   if(LONGATTN_WARNINGS_AS_ERRORS)
     target_compile_options(${target} PRIVATE -Werror)
+    # nvcc_wrapper hands -Werror to the host compiler; nvcc's own front end warns separately.
+    if(LONGATTN_ENABLE_CUDA)
+      target_compile_options(${target} PRIVATE "SHELL:-Xcudafe --promote_warnings")
+    endif()
   endif()
 endfunction()
 
