@@ -27,6 +27,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <type_traits>
 
 #include "longattn/core/attention.hpp"
 #include "longattn/core/attention_runner.hpp"
@@ -66,6 +67,9 @@ void broadcast_rows(const ExecSpace& exec, const Bias& bias, const Out& out) {
 
 template <class ExecSpace, class T = float>
 class MultiheadAttention {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
+                "MultiheadAttention<ExecSpace, T>: T is float or double (its projections and LayerNorm run in T)");
+
  public:
   using execution_space = ExecSpace;
   using memory_space = typename ExecSpace::memory_space;
