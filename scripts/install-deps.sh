@@ -92,7 +92,10 @@ if [ "$variant" = host ]; then
   openblas=/usr/lib/x86_64-linux-gnu/libopenblas.so
   [ -e "$openblas" ] || openblas=$(ls /usr/lib/*/libopenblas.so 2>/dev/null | head -n1)
   [ -n "$openblas" ] && [ -e "$openblas" ] || die "libopenblas.so not found after installing libopenblas-dev"
-  kernels_options+=(-DKokkosKernels_ENABLE_TPL_BLAS=ON "-DTPL_BLAS_LIBRARIES=$openblas")
+  # OpenBLAS exports the gfortran names (sgemm_): say so, or Kokkos Kernels enables Fortran to
+  # find out, and a machine without a Fortran compiler cannot configure it.
+  kernels_options+=(-DKokkosKernels_ENABLE_TPL_BLAS=ON "-DTPL_BLAS_LIBRARIES=$openblas"
+                    "-DF77_BLAS_MANGLE=(name,NAME) name ## _")
 else
   nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
   [ -x "$nvcc" ] || die "--cuda needs the CUDA toolkit: no nvcc on PATH or in /usr/local/cuda/bin"

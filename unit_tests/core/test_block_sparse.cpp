@@ -21,6 +21,7 @@
 #include "reference/block_sparse.hpp"
 #include "reference/random.hpp"
 #include "reference/tensors.hpp"
+#include "reference/test_size.hpp"
 
 namespace {
 
@@ -42,7 +43,8 @@ struct Case {
 };
 
 const Case cases[] = {
-    {2, 333, 333, 3, 16},  // odd N: a short last block
+    {2, longattn::test::test_size(333, 203), longattn::test::test_size(333, 203), longattn::test::test_size(3, 2),
+     16},                  // odd N: a short last block
     {1, 150, 260, 2, 32},  // Nq != Nk
     {1, 192, 192, 2, 8},   // whole blocks
 };

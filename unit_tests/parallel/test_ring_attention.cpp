@@ -17,6 +17,7 @@
 #include "mpi_test_support.hpp"
 #include "reference/random.hpp"
 #include "reference/tensors.hpp"
+#include "reference/test_size.hpp"
 
 namespace {
 
@@ -129,10 +130,11 @@ TEMPLATE_LIST_TEST_CASE("ring attention equals single-rank attention: dense, con
         RingOptions ring;
         ring.sharding = sharding;
         ring.pieces = pieces;
-        const std::int64_t N = std::int64_t(2) * P * 64 * 3;  // 3 blocks per zigzag chunk
+        // 3 blocks per zigzag chunk (pieces of unequal length), 2 with LONGATTN_TEST_SIZE=small.
+        const std::int64_t N = std::int64_t(2) * P * 64 * longattn::test::test_size(3, 2);
         INFO(to_string(sharding) << (causal ? ", causal" : "") << ", pieces " << pieces << ", N " << N << ", seed "
                                  << seed);
-        check_ring<TestType, double>(comm, 2, N, 3, 8, causal, ring, seed);
+        check_ring<TestType, double>(comm, 2, N, longattn::test::test_size(3, 2), 8, causal, ring, seed);
         check_ring<TestType, float>(comm, 1, N, 2, 20, causal, ring, seed + 1);
       }
 }

@@ -32,6 +32,7 @@
 #include "longattn/core/half.hpp"
 #include "longattn/core/workspace.hpp"
 #include "longattn/core/detail/attention_kernels.hpp"
+#include "longattn/core/detail/eti.hpp"
 #include "longattn/error.hpp"
 
 namespace longattn {
@@ -334,6 +335,68 @@ void run_team_kernel(const char* label, const ExecSpace& exec, Kernel kernel) {
   Kokkos::parallel_for(label, policy, kernel);
 }
 
+// The compiled entry points under attention_forward and attention_backward, one class per
+// (execution space, storage type S, block pattern). The members are defined out of line (not
+// inline), so that the `extern template` declarations of eti.hpp make a program link the
+// instantiations compiled into liblongattn_core for the enabled spaces and types instead of
+// compiling the kernels again in every translation unit; other combinations are instantiated
+// from these definitions as usual.
+template <class ExecSpace, class S, class Pattern>
+struct AttentionKernels {
+  using T = accumulate_t<S>;
+  using Input = Tensor4<const S, ExecSpace>;
+  using Output = Tensor4<S, ExecSpace>;
+
+  static void forward(const ExecSpace& exec, const Input& q, const Input& k, const Input& v, const Output& o,
+                      const Tensor3<T, ExecSpace>& lse, const AttentionGeometry& geo, const Pattern& pattern,
+                      const AttentionOptions& opts);
+  static void backward(const ExecSpace& exec, const Input& q, const Input& k, const Input& v, const Input& o,
+                       const Input& d_o, const Tensor3<const T, ExecSpace>& lse, const Output& dq, const Output& dk,
+                       const Output& dv, const AttentionGeometry& geo, const Pattern& pattern,
+                       const AttentionOptions& opts);
+};
+
+template <class ExecSpace, class S, class Pattern>
+void AttentionKernels<ExecSpace, S, Pattern>::forward(const ExecSpace& exec, const Input& q, const Input& k,
+                                                      const Input& v, const Output& o,
+                                                      const Tensor3<T, ExecSpace>& lse, const AttentionGeometry& geo,
+                                                      const Pattern& pattern, const AttentionOptions& opts) {
+  const double scale = softmax_scale(opts, geo.head_dim);
+  run_team_kernel("longattn::attention_forward", exec,
+                  ForwardKernel<ExecSpace, S, Pattern>{q, k, v, o, lse, geo, pattern, T(scale * log2_e<double>()),
+                                                       T(opts.output_scale), opts.accumulate_output, 0});
+}
+
+template <class ExecSpace, class S, class Pattern>
+void AttentionKernels<ExecSpace, S, Pattern>::backward(const ExecSpace& exec, const Input& q, const Input& k,
+                                                       const Input& v, const Input& o, const Input& d_o,
+                                                       const Tensor3<const T, ExecSpace>& lse, const Output& dq,
+                                                       const Output& dk, const Output& dv,
+                                                       const AttentionGeometry& geo, const Pattern& pattern,
+                                                       const AttentionOptions& opts) {
+  const double scale = softmax_scale(opts, geo.head_dim);
+  const T scale_log2 = T(scale * log2_e<double>());
+  using Memory = typename ExecSpace::memory_space;
+  const auto delta_memory = allocate_workspace<Kokkos::View<T***, Memory>>(geo.batch, geo.heads, geo.queries);
+  const auto& delta = delta_memory.view();
+  Kokkos::parallel_for("longattn::attention_backward::delta",
+                       Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(
+                           exec, 0, std::int64_t(geo.batch) * geo.heads * geo.queries),
+                       DeltaKernel<ExecSpace, S>{o, d_o, delta, geo.heads, geo.queries, geo.head_dim});
+  run_team_kernel("longattn::attention_backward::dk_dv", exec,
+                  KeyGradientKernel<ExecSpace, S, Pattern>{q, k, v, d_o, lse, delta, dk, dv, geo, pattern, scale_log2,
+                                                           T(opts.output_scale), opts.accumulate_gradients, 0});
+  run_team_kernel("longattn::attention_backward::dq", exec,
+                  QueryGradientKernel<ExecSpace, S, Pattern>{q, k, v, d_o, lse, delta, dq, geo, pattern, T(scale),
+                                                             scale_log2, T(opts.output_scale),
+                                                             opts.accumulate_gradients, 0});
+}
+
+// Compiled into liblongattn_core (detail/eti.hpp); block_sparse_layout.hpp declares its own.
+#define LONGATTN_ATTENTION_DENSE_ETI(SPACE, S) extern template struct AttentionKernels<SPACE, S, DenseBlocks>;
+LONGATTN_ETI_FOR_EACH(LONGATTN_ETI_STORAGE_TYPES, LONGATTN_ATTENTION_DENSE_ETI)
+#undef LONGATTN_ATTENTION_DENSE_ETI
+
 }  // namespace detail
 
 // ---------------------------------------------------------------------------------------------
@@ -344,13 +407,8 @@ void attention_forward(const ExecSpace& exec, const Q& q, const K& k, const V& v
   const char* where = "longattn::attention_forward";
   const detail::AttentionGeometry geo = detail::check_forward<ExecSpace, T>(where, q, k, v, o, lse, opts);
   if constexpr (detail::runnable_attention<T, Lse, K, V, O>) {
-    using Accumulate = accumulate_t<T>;
     detail::check_blocks<ExecSpace, T>(where, blocks, geo);
-    const double scale = detail::softmax_scale(opts, geo.head_dim);
-    detail::ForwardKernel<ExecSpace, T, Blocks> kernel{q, k, v, o, lse, geo, blocks,
-                                                       Accumulate(scale * detail::log2_e<double>()),
-                                                       Accumulate(opts.output_scale), opts.accumulate_output, 0};
-    detail::run_team_kernel("longattn::attention_forward", exec, kernel);
+    detail::AttentionKernels<ExecSpace, T, Blocks>::forward(exec, q, k, v, o, lse, geo, blocks, opts);
   }
 }
 
@@ -373,26 +431,9 @@ void attention_backward(const ExecSpace& exec, const Q& q, const K& k, const V& 
       detail::check_backward<ExecSpace, T>(where, q, k, v, o, d_o, lse, dq, dk, dv, opts);
 
   if constexpr (detail::runnable_attention<T, Lse, K, V, O, DO, DQ, DK, DV>) {
-    using Accumulate = accumulate_t<T>;
     detail::check_blocks<ExecSpace, T>(where, blocks, geo);
-    const double scale = detail::softmax_scale(opts, geo.head_dim);
-    const Accumulate scale_log2 = Accumulate(scale * detail::log2_e<double>());
-    using Memory = typename ExecSpace::memory_space;
-    const auto delta_memory =
-        detail::allocate_workspace<Kokkos::View<Accumulate***, Memory>>(geo.batch, geo.heads, geo.queries);
-    const auto& delta = delta_memory.view();
-    Kokkos::parallel_for("longattn::attention_backward::delta",
-                         Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(
-                             exec, 0, std::int64_t(geo.batch) * geo.heads * geo.queries),
-                         detail::DeltaKernel<ExecSpace, T>{o, d_o, delta, geo.heads, geo.queries, geo.head_dim});
-    detail::run_team_kernel("longattn::attention_backward::dk_dv", exec,
-                            detail::KeyGradientKernel<ExecSpace, T, Blocks>{
-                                q, k, v, d_o, lse, delta, dk, dv, geo, blocks, scale_log2, Accumulate(opts.output_scale),
-                                opts.accumulate_gradients, 0});
-    detail::run_team_kernel("longattn::attention_backward::dq", exec,
-                            detail::QueryGradientKernel<ExecSpace, T, Blocks>{
-                                q, k, v, d_o, lse, delta, dq, geo, blocks, Accumulate(scale), scale_log2,
-                                Accumulate(opts.output_scale), opts.accumulate_gradients, 0});
+    detail::AttentionKernels<ExecSpace, T, Blocks>::backward(exec, q, k, v, o, d_o, lse, dq, dk, dv, geo, blocks,
+                                                             opts);
   }
 }
 

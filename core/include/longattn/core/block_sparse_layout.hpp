@@ -25,7 +25,9 @@
 #include <string>
 #include <vector>
 
+#include "longattn/core/attention.hpp"  // detail::AttentionKernels (the ETI declarations below)
 #include "longattn/core/dense_blocks.hpp"
+#include "longattn/core/detail/eti.hpp"
 #include "longattn/error.hpp"
 
 namespace longattn {
@@ -261,5 +263,13 @@ class BlockSparseLayout {
   // Copies of the shape that device code reads.
   int block_ = 0, query_block_count_ = 0, key_block_count_ = 0, batch_ = 1, heads_ = 1;
 };
+
+// The attention kernels over block-sparse layouts, compiled into liblongattn_core (detail/eti.hpp).
+namespace detail {
+#define LONGATTN_ATTENTION_SPARSE_ETI(SPACE, S) \
+  extern template struct AttentionKernels<SPACE, S, BlockSparseLayout<SPACE>>;
+LONGATTN_ETI_FOR_EACH(LONGATTN_ETI_STORAGE_TYPES, LONGATTN_ATTENTION_SPARSE_ETI)
+#undef LONGATTN_ATTENTION_SPARSE_ETI
+}  // namespace detail
 
 }  // namespace longattn

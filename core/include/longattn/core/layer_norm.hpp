@@ -9,8 +9,10 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
-#include "longattn/core/attention.hpp"  // detail::check_extents, check_no_alias
+#include "longattn/core/attention.hpp"  // detail::check_extents, check_no_alias, scalar_of
+#include "longattn/core/detail/eti.hpp"
 #include "longattn/error.hpp"
 
 namespace longattn {
@@ -29,19 +31,47 @@ void check_layer_norm(const char* where, const X& x, const Gamma& gamma, const S
   check_extents(where, "rstd", rstd, {rows}, "[rows] of x");
 }
 
-}  // namespace detail
+// The compiled entry points under layer_norm_forward and layer_norm_backward, per execution
+// space, scalar T and layout: LayoutRight when every matrix is row-major and contiguous (the
+// common case: loops over a row vectorize), LayoutStride otherwise. Members out of line: see
+// AttentionKernels.
+template <class ExecSpace, class T, class Layout>
+struct LayerNormKernels {
+  using Memory = typename ExecSpace::memory_space;
+  using Unmanaged = Kokkos::MemoryTraits<Kokkos::Unmanaged>;
+  template <class Value>
+  using Matrix = Kokkos::View<Value**, Layout, Memory, Unmanaged>;
+  template <class Value>
+  using Vector = Kokkos::View<Value*, Kokkos::LayoutStride, Memory, Unmanaged>;
 
-template <class ExecSpace, class X, class Gamma, class Y, class Stats>
-void layer_norm_forward(const ExecSpace& exec, const X& x, const Gamma& gamma, const Gamma& beta, double eps,
-                        const Y& y, const Stats& mean, const Stats& rstd) {
-  const char* where = "longattn::layer_norm_forward";
-  detail::check_layer_norm(where, x, gamma, mean, rstd);
-  detail::check_extents(where, "beta", beta, {std::int64_t(x.extent(1))}, "[E] of x");
-  detail::check_extents(where, "y", y, {std::int64_t(x.extent(0)), std::int64_t(x.extent(1))}, "the extents of x");
-  require(eps > 0 && std::isfinite(eps), where, "eps", eps, "a positive finite number");
-  using T = typename Y::non_const_value_type;
+  static void forward(const ExecSpace& exec, const Matrix<const T>& x, const Vector<const T>& gamma,
+                      const Vector<const T>& beta, T epsilon, const Matrix<T>& y, const Vector<T>& mean,
+                      const Vector<T>& rstd);
+  static void backward(const ExecSpace& exec, const Matrix<const T>& dy, const Matrix<const T>& x,
+                       const Vector<const T>& gamma, const Vector<const T>& mean, const Vector<const T>& rstd,
+                       const Matrix<T>& dx, const Vector<T>& dgamma, const Vector<T>& dbeta);
+
+  // A [rows, E] view of any layout as this class's matrix (its strides kept).
+  template <class Value, class View>
+  static Matrix<Value> matrix(const View& view) {
+    if constexpr (std::is_same_v<Layout, Kokkos::LayoutRight>)
+      return Matrix<Value>(view.data(), view.extent(0), view.extent(1));
+    else
+      return Matrix<Value>(view.data(), Kokkos::LayoutStride(view.extent(0), view.stride(0), view.extent(1),
+                                                             view.stride(1)));
+  }
+  template <class Value, class View>
+  static Vector<Value> vector(const View& view) {
+    return Vector<Value>(view.data(), Kokkos::LayoutStride(view.extent(0), view.stride(0)));
+  }
+};
+
+template <class ExecSpace, class T, class Layout>
+void LayerNormKernels<ExecSpace, T, Layout>::forward(const ExecSpace& exec, const Matrix<const T>& x,
+                                                     const Vector<const T>& gamma, const Vector<const T>& beta,
+                                                     T epsilon, const Matrix<T>& y, const Vector<T>& mean,
+                                                     const Vector<T>& rstd) {
   const int E = static_cast<int>(x.extent(1));
-  const T epsilon = static_cast<T>(eps);
   Kokkos::parallel_for(
       "longattn::layer_norm_forward", Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(exec, 0, x.extent(0)),
       KOKKOS_LAMBDA(std::int64_t r) {
@@ -59,20 +89,14 @@ void layer_norm_forward(const ExecSpace& exec, const X& x, const Gamma& gamma, c
 
 // dx = rstd (g - mean(g) - x_hat mean(g x_hat)) with g = dy * gamma;  dgamma += sum_rows dy x_hat,
 // dbeta += sum_rows dy.
-template <class ExecSpace, class DY, class X, class Gamma, class Stats, class DX, class DGamma>
-void layer_norm_backward(const ExecSpace& exec, const DY& dy, const X& x, const Gamma& gamma, const Stats& mean,
-                         const Stats& rstd, const DX& dx, const DGamma& dgamma, const DGamma& dbeta) {
-  const char* where = "longattn::layer_norm_backward";
-  detail::check_layer_norm(where, x, gamma, mean, rstd);
-  const std::int64_t rows = x.extent(0), columns = x.extent(1);
-  detail::check_extents(where, "dy", dy, {rows, columns}, "the extents of x");
-  detail::check_extents(where, "dx", dx, {rows, columns}, "the extents of x");
-  detail::check_extents(where, "dgamma", dgamma, {columns}, "[E] of x");
-  detail::check_extents(where, "dbeta", dbeta, {columns}, "[E] of x");
-  // dy is read again after dx is written (the parameter gradients).
-  detail::check_no_alias(where, "dx", dx, "dy", dy);
-  using T = typename DX::non_const_value_type;
-  const int E = static_cast<int>(columns);
+template <class ExecSpace, class T, class Layout>
+void LayerNormKernels<ExecSpace, T, Layout>::backward(const ExecSpace& exec, const Matrix<const T>& dy,
+                                                      const Matrix<const T>& x, const Vector<const T>& gamma,
+                                                      const Vector<const T>& mean, const Vector<const T>& rstd,
+                                                      const Matrix<T>& dx, const Vector<T>& dgamma,
+                                                      const Vector<T>& dbeta) {
+  const std::int64_t rows = x.extent(0);
+  const int E = static_cast<int>(x.extent(1));
   Kokkos::parallel_for(
       "longattn::layer_norm_backward", Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(exec, 0, rows),
       KOKKOS_LAMBDA(std::int64_t r) {
@@ -98,6 +122,75 @@ void layer_norm_backward(const ExecSpace& exec, const DY& dy, const X& x, const 
         dgamma(e) += sum_gamma;
         dbeta(e) += sum_beta;
       });
+}
+
+// Compiled into liblongattn_core for both layouts (detail/eti.hpp).
+#define LONGATTN_LAYER_NORM_ETI(SPACE, T)                                     \
+  extern template struct LayerNormKernels<SPACE, T, Kokkos::LayoutRight>; \
+  extern template struct LayerNormKernels<SPACE, T, Kokkos::LayoutStride>;
+LONGATTN_ETI_FOR_EACH(LONGATTN_ETI_FLOATING_TYPES, LONGATTN_LAYER_NORM_ETI)
+#undef LONGATTN_LAYER_NORM_ETI
+
+// Whether every matrix is row-major with contiguous rows (then the LayoutRight kernels run).
+template <class... Matrices>
+bool row_major(const Matrices&... matrices) {
+  return ((matrices.stride(1) == 1 &&
+           (matrices.extent(0) <= 1 || std::size_t(matrices.stride(0)) == matrices.extent(1))) && ...);
+}
+
+}  // namespace detail
+
+template <class ExecSpace, class X, class Gamma, class Y, class Stats>
+void layer_norm_forward(const ExecSpace& exec, const X& x, const Gamma& gamma, const Gamma& beta, double eps,
+                        const Y& y, const Stats& mean, const Stats& rstd) {
+  static_assert(std::is_same_v<detail::scalar_of<X>, detail::scalar_of<Y>> &&
+                    std::is_same_v<detail::scalar_of<X>, detail::scalar_of<Gamma>> &&
+                    std::is_same_v<detail::scalar_of<X>, detail::scalar_of<Stats>>,
+                "layer_norm_forward: x, gamma, beta, y, mean and rstd hold one scalar type");
+  const char* where = "longattn::layer_norm_forward";
+  detail::check_layer_norm(where, x, gamma, mean, rstd);
+  detail::check_extents(where, "beta", beta, {std::int64_t(x.extent(1))}, "[E] of x");
+  detail::check_extents(where, "y", y, {std::int64_t(x.extent(0)), std::int64_t(x.extent(1))}, "the extents of x");
+  require(eps > 0 && std::isfinite(eps), where, "eps", eps, "a positive finite number");
+  using T = detail::scalar_of<Y>;
+  const auto run = [&](auto kernels) {
+    using K = decltype(kernels);
+    K::forward(exec, K::template matrix<const T>(x), K::template vector<const T>(gamma),
+               K::template vector<const T>(beta), static_cast<T>(eps), K::template matrix<T>(y),
+               K::template vector<T>(mean), K::template vector<T>(rstd));
+  };
+  if (detail::row_major(x, y)) run(detail::LayerNormKernels<ExecSpace, T, Kokkos::LayoutRight>{});
+  else run(detail::LayerNormKernels<ExecSpace, T, Kokkos::LayoutStride>{});
+}
+
+template <class ExecSpace, class DY, class X, class Gamma, class Stats, class DX, class DGamma>
+void layer_norm_backward(const ExecSpace& exec, const DY& dy, const X& x, const Gamma& gamma, const Stats& mean,
+                         const Stats& rstd, const DX& dx, const DGamma& dgamma, const DGamma& dbeta) {
+  static_assert(std::is_same_v<detail::scalar_of<X>, detail::scalar_of<DY>> &&
+                    std::is_same_v<detail::scalar_of<X>, detail::scalar_of<Gamma>> &&
+                    std::is_same_v<detail::scalar_of<X>, detail::scalar_of<Stats>> &&
+                    std::is_same_v<detail::scalar_of<X>, detail::scalar_of<DX>> &&
+                    std::is_same_v<detail::scalar_of<X>, detail::scalar_of<DGamma>>,
+                "layer_norm_backward: every view holds one scalar type");
+  const char* where = "longattn::layer_norm_backward";
+  detail::check_layer_norm(where, x, gamma, mean, rstd);
+  const std::int64_t rows = x.extent(0), columns = x.extent(1);
+  detail::check_extents(where, "dy", dy, {rows, columns}, "the extents of x");
+  detail::check_extents(where, "dx", dx, {rows, columns}, "the extents of x");
+  detail::check_extents(where, "dgamma", dgamma, {columns}, "[E] of x");
+  detail::check_extents(where, "dbeta", dbeta, {columns}, "[E] of x");
+  // dy is read again after dx is written (the parameter gradients).
+  detail::check_no_alias(where, "dx", dx, "dy", dy);
+  using T = detail::scalar_of<DX>;
+  const auto run = [&](auto kernels) {
+    using K = decltype(kernels);
+    K::backward(exec, K::template matrix<const T>(dy), K::template matrix<const T>(x),
+                K::template vector<const T>(gamma), K::template vector<const T>(mean),
+                K::template vector<const T>(rstd), K::template matrix<T>(dx), K::template vector<T>(dgamma),
+                K::template vector<T>(dbeta));
+  };
+  if (detail::row_major(dy, x, dx)) run(detail::LayerNormKernels<ExecSpace, T, Kokkos::LayoutRight>{});
+  else run(detail::LayerNormKernels<ExecSpace, T, Kokkos::LayoutStride>{});
 }
 
 }  // namespace longattn

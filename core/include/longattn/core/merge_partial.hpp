@@ -14,6 +14,7 @@
 #include <cstdint>
 
 #include "longattn/core/attention.hpp"
+#include "longattn/core/detail/eti.hpp"
 
 namespace longattn {
 
@@ -49,6 +50,30 @@ struct MergePartialKernel {
   }
 };
 
+// The compiled entry point under merge_partial (out of line: see AttentionKernels).
+template <class ExecSpace, class S>
+struct MergePartialKernels {
+  using T = accumulate_t<S>;
+  static void run(const ExecSpace& exec, const Tensor4<S, ExecSpace>& o, const Tensor3<T, ExecSpace>& lse,
+                  const Tensor4<const S, ExecSpace>& o_part, const Tensor3<const T, ExecSpace>& lse_part);
+};
+
+template <class ExecSpace, class S>
+void MergePartialKernels<ExecSpace, S>::run(const ExecSpace& exec, const Tensor4<S, ExecSpace>& o,
+                                            const Tensor3<T, ExecSpace>& lse, const Tensor4<const S, ExecSpace>& o_part,
+                                            const Tensor3<const T, ExecSpace>& lse_part) {
+  const int N = int(o.extent(1)), H = int(o.extent(2)), D = int(o.extent(3));
+  Kokkos::parallel_for("longattn::merge_partial",
+                       Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(
+                           exec, 0, std::int64_t(o.extent(0)) * N * H),
+                       MergePartialKernel<ExecSpace, S>{o, lse, o_part, lse_part, N, H, D});
+}
+
+// Compiled into liblongattn_core (detail/eti.hpp).
+#define LONGATTN_MERGE_PARTIAL_ETI(SPACE, S) extern template struct MergePartialKernels<SPACE, S>;
+LONGATTN_ETI_FOR_EACH(LONGATTN_ETI_STORAGE_TYPES, LONGATTN_MERGE_PARTIAL_ETI)
+#undef LONGATTN_MERGE_PARTIAL_ETI
+
 }  // namespace detail
 
 template <class ExecSpace, class O, class Lse, class OPart, class LsePart>
@@ -75,9 +100,7 @@ void merge_partial(const ExecSpace& exec, const O& o, const Lse& lse, const OPar
   detail::check_no_alias(where, "lse", lse, "lse_part", lse_part);
   if (B * N * H * D == 0) return;
   if constexpr (detail::runnable_attention<T, Lse, OPart> && std::is_same_v<detail::scalar_of<LsePart>, accumulate_t<T>>) {
-    Kokkos::parallel_for("longattn::merge_partial",
-                         Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(exec, 0, B * N * H),
-                         detail::MergePartialKernel<ExecSpace, T>{o, lse, o_part, lse_part, int(N), int(H), int(D)});
+    detail::MergePartialKernels<ExecSpace, T>::run(exec, o, lse, o_part, lse_part);
   }
 }
 
