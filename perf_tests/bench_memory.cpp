@@ -16,7 +16,6 @@
 #include <x86intrin.h>
 
 #include <Kokkos_Core.hpp>
-#include <Kokkos_MemoryPool.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cstdint>

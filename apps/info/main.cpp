@@ -86,7 +86,7 @@ void print_report(std::ostream& out, const Report& report, const Options& option
 
   out << "longattn " << build.version << " (" << build.build_type << ", " << build.compiler << ")\n\n";
   out << "Build\n";
-  out << "  Kokkos            " << build.kokkos_version << "\n";
+  out << "  Kokkos            " << build.kokkos_version << ", Kokkos Kernels " << build.kokkos_kernels_version << "\n";
   out << "  execution spaces  " << join(build.execution_spaces, ", ")
       << " (default " << build.default_execution_space << ")\n";
   out << "  architecture      " << build.architecture << "\n";
@@ -144,6 +144,7 @@ nlohmann::json to_json(const Report& report, const Options& options) {
   nlohmann::json j;
   j["build"] = {{"longattn", build.version}, {"build_type", build.build_type},
                 {"compiler", build.compiler}, {"kokkos", build.kokkos_version},
+                {"kokkos_kernels", build.kokkos_kernels_version},
                 {"execution_spaces", build.execution_spaces}, {"architecture", build.architecture},
                 {"blas", blas.library}, {"blas_kernels", blas.kernels}, {"blas_selection", blas.selection},
                 {"communication", report.communication}};

@@ -11,9 +11,8 @@ BuildInfo build_info() {
   b.version = LONGATTN_VERSION;
   b.build_type = LONGATTN_BUILD_TYPE;
   b.compiler = LONGATTN_CXX_COMPILER;
-  b.kokkos_version = std::to_string(KOKKOS_VERSION / 10000) + "." +
-                     std::to_string(KOKKOS_VERSION / 100 % 100) + "." +
-                     std::to_string(KOKKOS_VERSION % 100);
+  b.kokkos_version = LONGATTN_KOKKOS_VERSION;
+  b.kokkos_kernels_version = LONGATTN_KOKKOS_KERNELS_VERSION;
 #ifdef KOKKOS_ENABLE_CUDA
   b.execution_spaces.push_back(Kokkos::Cuda::name());
 #endif

@@ -59,7 +59,7 @@ int main(int argc, char* argv[]) {
   Kokkos::parallel_reduce(
       "compare", Kokkos::RangePolicy<Exec>(0, o.size()),
       KOKKOS_LAMBDA(std::size_t i, float& w) {
-        const float d = Kokkos::Experimental::fabs(o.data()[i] - o_builder.data()[i]);
+        const float e = o.data()[i] - o_builder.data()[i], d = e < 0 ? -e : e;
         w = d > w ? d : w;
       },
       Kokkos::Max<float>(worst));

@@ -2,6 +2,8 @@
 // from an address-ordered free list that coalesces neighbours; growth, consolidation and release
 // of chunks. The size classes on top are in size_classes.cpp, thread caches in thread_cache.cpp.
 #include <algorithm>
+#include <atomic>
+#include <cstdint>
 #include <sstream>
 
 #include "longattn/error.hpp"

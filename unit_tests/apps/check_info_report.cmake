@@ -12,10 +12,13 @@ foreach(section "Build" "Machine \\(hwloc" "MPI ranks: 1 on 1 node" "FMA peak" "
 endforeach()
 file(READ ${JSON} json)
 string(JSON kokkos GET "${json}" build kokkos)
+string(JSON kokkos_kernels GET "${json}" build kokkos_kernels)
 string(JSON cores GET "${json}" machine cores)
 string(JSON ranks LENGTH "${json}" ranks)
 string(JSON fma GET "${json}" ceilings fp32_fma_peak_one_core gflops)
 string(JSON sgemm GET "${json}" ceilings sgemm_all_cores gflops)
-if(NOT kokkos MATCHES "^3\\." OR cores LESS 1 OR NOT ranks EQUAL 1 OR NOT fma GREATER 0 OR NOT sgemm GREATER 0)
-  message(FATAL_ERROR "unexpected JSON: kokkos=${kokkos} cores=${cores} ranks=${ranks} fma=${fma} sgemm=${sgemm}")
+# The versions CMake found for this build.
+if(NOT kokkos STREQUAL KOKKOS_VERSION OR NOT kokkos_kernels STREQUAL KOKKOS_KERNELS_VERSION OR cores LESS 1 OR NOT ranks EQUAL 1 OR NOT fma GREATER 0 OR NOT sgemm GREATER 0)
+  message(FATAL_ERROR "unexpected JSON: kokkos=${kokkos} (${KOKKOS_VERSION} expected) "
+                      "kokkos_kernels=${kokkos_kernels} (${KOKKOS_KERNELS_VERSION} expected) cores=${cores} ranks=${ranks} fma=${fma} sgemm=${sgemm}")
 endif()

@@ -28,17 +28,19 @@ class Longattn(CMakePackage, CudaPackage):
 
     depends_on("cmake@3.20:", type="build")
 
-    # Kokkos 3.4.01 is what longattn is developed and tested with (scripts/install-deps.sh);
-    # the 3.x API is what it uses. Hopper (sm_90) needs Kokkos 3.7, the first with HOPPER90
-    # (scripts/ patches 3.4.01 for it; spack's 3.4.01 has no such patch).
-    depends_on("kokkos@3.4.01:3 +serial cxxstd=17")
+    # Kokkos and Kokkos Kernels 3.4.01 through 4.x: 3.4.01 is scripts/install-deps.sh's (the
+    # README's builds and CI), 4.6.01 + 4.6.02 was verified too (README, "Kokkos versions").
+    # Hopper (sm_90) needs Kokkos 3.7, the first with HOPPER90 (scripts/ patches 3.4.01 for it;
+    # spack's Kokkos has no such patch).
+    depends_on("kokkos@3.4.01:4 +serial cxxstd=17")
     depends_on("kokkos@3.7:", when="+cuda cuda_arch=90")
     depends_on("kokkos +openmp", when="+openmp")
     depends_on("kokkos ~cuda", when="~cuda")
     for arch in CudaPackage.cuda_arch_values:
         depends_on(f"kokkos +cuda +cuda_lambda +wrapper cuda_arch={arch}", when=f"+cuda cuda_arch={arch}")
         depends_on(f"nccl cuda_arch={arch}", when=f"+nccl cuda_arch={arch}")
-    depends_on("kokkos-kernels@3.4.01:3")
+    # Kokkos Kernels is released with Kokkos, one version each; its recipe pairs them.
+    depends_on("kokkos-kernels@3.4.01:4")
     depends_on("kokkos-kernels +blas", when="~cuda")
     depends_on("kokkos-kernels +cublas", when="+cuda")
 

@@ -114,7 +114,7 @@ inline constexpr bool runnable_attention = attention_scalar<T> && std::is_same_v
 // space can reach it (a compile-time property: static_assert).
 template <class ExecSpace, class T, class View>
 void check_view(const char* where, const char* name, const View&, const char* reference = "q") {
-  static_assert(Kokkos::Impl::SpaceAccessibility<ExecSpace, typename View::memory_space>::accessible,
+  static_assert(Kokkos::SpaceAccessibility<ExecSpace, typename View::memory_space>::accessible,
                 "longattn attention: a view's memory space is not accessible from the execution space");
   using Actual = scalar_of<View>;
   if constexpr (!std::is_same_v<Actual, T>)
@@ -318,7 +318,7 @@ void check_blocks(const char* where, const Blocks& blocks, const AttentionGeomet
   require(blocks.pattern_heads() == 1 || blocks.pattern_heads() == geo.heads, where, "blocks.pattern_heads()",
           blocks.pattern_heads(), "1 (shared) or " + std::to_string(geo.heads) + " (q's heads)");
   if constexpr (has_memory_space<Blocks>::value)
-    static_assert(Kokkos::Impl::SpaceAccessibility<ExecSpace, typename Blocks::memory_space>::accessible,
+    static_assert(Kokkos::SpaceAccessibility<ExecSpace, typename Blocks::memory_space>::accessible,
                   "longattn attention: the block pattern's memory space is not accessible from the execution space");
 }
 

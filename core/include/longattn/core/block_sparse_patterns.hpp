@@ -303,8 +303,8 @@ BlockSparseLayout<ExecSpace> top_k_layout(const ExecSpace& exec, const Q& q, con
   using Memory = typename ExecSpace::memory_space;
   const char* where = "longattn::top_k_layout";
   static_assert(Q::rank == 4 && K::rank == 4, "q and k are rank-4 views [batch, tokens, heads, head dim]");
-  static_assert(Kokkos::Impl::SpaceAccessibility<ExecSpace, typename Q::memory_space>::accessible &&
-                    Kokkos::Impl::SpaceAccessibility<ExecSpace, typename K::memory_space>::accessible,
+  static_assert(Kokkos::SpaceAccessibility<ExecSpace, typename Q::memory_space>::accessible &&
+                    Kokkos::SpaceAccessibility<ExecSpace, typename K::memory_space>::accessible,
                 "longattn::top_k_layout: q or k is not accessible from the execution space");
   if constexpr (!std::is_same_v<T, float> && !std::is_same_v<T, double>)
     throw_invalid_argument(where, "q's value type", detail::scalar_name<T>(), "float or double");

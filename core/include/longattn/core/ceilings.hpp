@@ -3,6 +3,7 @@
 // rate through Kokkos Kernels. longattn-info prints them; benchmarks divide by them to report
 // a fraction of what the machine can do.
 #include <Kokkos_Core.hpp>
+#include <algorithm>
 #include <cstdint>
 
 #include "longattn/core/detail/pack.hpp"  // host_simd_bytes

@@ -14,6 +14,7 @@
 #include "longattn/core/attention.hpp"  // detail::check_extents, check_no_alias, scalar_of
 #include "longattn/core/detail/eti.hpp"
 #include "longattn/error.hpp"
+#include "longattn/kokkos_compat.hpp"
 
 namespace longattn {
 
@@ -80,7 +81,7 @@ void LayerNormKernels<ExecSpace, T, Layout>::forward(const ExecSpace& exec, cons
         const T mu = sum / T(E);
         T squares = 0;
         for (int e = 0; e < E; ++e) squares += (x(r, e) - mu) * (x(r, e) - mu);
-        const T inverse = T(1) / Kokkos::Experimental::sqrt(squares / T(E) + epsilon);
+        const T inverse = T(1) / math::sqrt(squares / T(E) + epsilon);
         for (int e = 0; e < E; ++e) y(r, e) = (x(r, e) - mu) * inverse * gamma(e) + beta(e);
         mean(r) = mu;
         rstd(r) = inverse;

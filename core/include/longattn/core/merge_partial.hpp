@@ -15,6 +15,7 @@
 
 #include "longattn/core/attention.hpp"
 #include "longattn/core/detail/eti.hpp"
+#include "longattn/kokkos_compat.hpp"
 
 namespace longattn {
 
@@ -41,12 +42,12 @@ struct MergePartialKernel {
       return;
     }
     const T top = mine < theirs ? theirs : mine;
-    const T w_mine = Kokkos::Experimental::exp(mine - top);
-    const T w_theirs = Kokkos::Experimental::exp(theirs - top);
+    const T w_mine = math::exp(mine - top);
+    const T w_theirs = math::exp(theirs - top);
     const T inverse = T(1) / (w_mine + w_theirs);
     for (int d = 0; d < head_dim; ++d)
       o(b, i, h, d) = S((w_mine * T(o(b, i, h, d)) + w_theirs * T(o_part(b, i, h, d))) * inverse);
-    lse(b, h, i) = top + Kokkos::Experimental::log(w_mine + w_theirs);
+    lse(b, h, i) = top + math::log(w_mine + w_theirs);
   }
 };
 

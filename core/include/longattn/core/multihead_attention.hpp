@@ -28,6 +28,7 @@
 #include <random>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 #include "longattn/core/attention.hpp"
 #include "longattn/core/attention_runner.hpp"

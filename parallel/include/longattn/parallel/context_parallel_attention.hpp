@@ -20,6 +20,7 @@
 #include <chrono>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "longattn/core/attention_runner.hpp"

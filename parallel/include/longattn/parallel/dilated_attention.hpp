@@ -22,8 +22,9 @@
 
 #include <algorithm>
 #include <limits>
-#include <string>
 #include <map>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "longattn/core/dilated_attention.hpp"

@@ -3,6 +3,7 @@
 // the same as JSON.
 #include <nlohmann/json.hpp>
 #include <ostream>
+#include <vector>
 
 #include "longattn/plan/estimate.hpp"
 

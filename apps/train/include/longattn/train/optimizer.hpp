@@ -17,6 +17,7 @@
 
 #include "longattn/core/workspace.hpp"
 #include "longattn/error.hpp"
+#include "longattn/kokkos_compat.hpp"
 #include "longattn/train/model.hpp"
 
 namespace longattn::train {
@@ -87,7 +88,7 @@ class AdamW {
             const T gi = grad[i] * g_scale;
             m[i] = b1 * m[i] + (T(1) - b1) * gi;
             v[i] = b2 * v[i] + (T(1) - b2) * gi * gi;
-            w[i] -= rate * (m[i] * c1 / (Kokkos::Experimental::sqrt(v[i] * c2) + eps) + decay * w[i]);
+            w[i] -= rate * (m[i] * c1 / (math::sqrt(v[i] * c2) + eps) + decay * w[i]);
           });
       offset += g.count;
     }

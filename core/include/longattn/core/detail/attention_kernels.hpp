@@ -22,6 +22,7 @@
 #include "longattn/core/dense_blocks.hpp"
 #include "longattn/core/half.hpp"
 #include "longattn/core/detail/tile_mma.hpp"
+#include "longattn/kokkos_compat.hpp"
 
 namespace longattn::detail {
 
@@ -119,7 +120,7 @@ KOKKOS_INLINE_FUNCTION constexpr T log2_e() { return T(1.4426950408889634074); }
 template <class T>
 KOKKOS_INLINE_FUNCTION constexpr T ln_2() { return T(0.69314718055994530942); }
 template <class T>
-KOKKOS_INLINE_FUNCTION constexpr T minus_infinity() { return -Kokkos::Experimental::infinity<T>::value; }
+KOKKOS_INLINE_FUNCTION constexpr T minus_infinity() { return -math::infinity<T>(); }
 
 // Prefetches part `part` of `parts` of rows [first, first + count) of a tensor's (b, h) slice,
 // a cache line at a time. Called from tile_mma's after_tile hook with the next block's rows.
@@ -248,7 +249,7 @@ struct ForwardKernel {
       const T inverse = sum > T(0) ? output_scale / sum : T(0);
       for (int d = 0; d < D; ++d) o(b, q_first + i, h, d) = S(ot[d * L + i] * inverse);
       lse(b, h, q_first + i) =
-          sum > T(0) ? (m[i] + Kokkos::Experimental::log2(sum)) * ln_2<T>() : minus_infinity<T>();
+          sum > T(0) ? (m[i] + math::log2(sum)) * ln_2<T>() : minus_infinity<T>();
     });
   }
 };

@@ -13,6 +13,8 @@
 #include <cstring>
 #include <type_traits>
 
+#include "longattn/kokkos_compat.hpp"
+
 #if defined(__GNUC__) && !defined(__CUDACC__) && !defined(__HIPCC__)
 #define LONGATTN_VECTOR_EXTENSIONS 1
 #endif
@@ -167,7 +169,7 @@ template <int W>
 KOKKOS_INLINE_FUNCTION Pack<double, W> exp2(Pack<double, W> x) {
   alignas(sizeof(double) * W) double lanes[W];
   x.store(lanes);
-  for (int l = 0; l < W; ++l) lanes[l] = Kokkos::Experimental::exp2(lanes[l]);
+  for (int l = 0; l < W; ++l) lanes[l] = math::exp2(lanes[l]);
   return Pack<double, W>::load(lanes);
 }
 

@@ -1,11 +1,16 @@
 // Transformer's passes (model.hpp) and the kernels only it uses.
 #pragma once
 
+#include <algorithm>
+#include <functional>
 #include <limits>
+#include <random>
+#include <string>
 
 #include "longattn/core/block_sparse_patterns.hpp"
 #include "longattn/core/dilated_attention.hpp"
 #include "longattn/core/layer_norm.hpp"
+#include "longattn/kokkos_compat.hpp"
 
 namespace longattn::train {
 
@@ -59,7 +64,7 @@ void add_into(const ExecSpace& exec, const Matrix& y, const Matrix& x) {
 template <class T>
 KOKKOS_INLINE_FUNCTION T gelu_sigmoid(T u) {  // sigmoid(2a)
   const T a = T(0.7978845608028654) * (u + T(0.044715) * u * u * u);
-  return T(1) / (T(1) + Kokkos::Experimental::exp(T(-2) * a));
+  return T(1) / (T(1) + math::exp(T(-2) * a));
 }
 
 template <class ExecSpace, class Matrix>
@@ -104,11 +109,11 @@ double cross_entropy(const ExecSpace& exec, const Matrix& logits, const Ids& tar
         T max = logits(r, 0);
         for (int v = 1; v < V; ++v) max = logits(r, v) > max ? logits(r, v) : max;
         T total = 0;
-        for (int v = 0; v < V; ++v) total += Kokkos::Experimental::exp(logits(r, v) - max);
-        const T lse = max + Kokkos::Experimental::log(total);
+        for (int v = 0; v < V; ++v) total += math::exp(logits(r, v) - max);
+        const T lse = max + math::log(total);
         sum += double(w) * double(lse - logits(r, target));
         for (int v = 0; v < V; ++v)
-          logits(r, v) = w * inverse * (Kokkos::Experimental::exp(logits(r, v) - lse) - (v == target ? T(1) : T(0)));
+          logits(r, v) = w * inverse * (math::exp(logits(r, v) - lse) - (v == target ? T(1) : T(0)));
       },
       loss);
   return loss;

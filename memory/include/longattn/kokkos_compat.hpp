@@ -1,0 +1,37 @@
+#pragma once
+// What differs between the Kokkos versions longattn builds with (3.4 through 4.x), in one
+// place. Everything else uses the API the supported versions share.
+//
+// - The mathematical functions moved from Kokkos::Experimental to Kokkos in 3.7, and 4.0
+//   dropped the old names: longattn::math::exp(x) etc. name whichever the version has.
+// - The numeric traits (infinity) are still in Kokkos::Experimental in every version.
+#include <Kokkos_Core.hpp>
+
+#if KOKKOS_VERSION < 30400
+#error "longattn needs Kokkos 3.4 or newer"
+#endif
+
+namespace longattn::math {
+
+#if KOKKOS_VERSION >= 30700
+using Kokkos::exp;
+using Kokkos::exp2;
+using Kokkos::fabs;
+using Kokkos::log;
+using Kokkos::log2;
+using Kokkos::sqrt;
+#else
+using Kokkos::Experimental::exp;
+using Kokkos::Experimental::exp2;
+using Kokkos::Experimental::fabs;
+using Kokkos::Experimental::log;
+using Kokkos::Experimental::log2;
+using Kokkos::Experimental::sqrt;
+#endif
+
+template <class T>
+KOKKOS_INLINE_FUNCTION constexpr T infinity() {
+  return Kokkos::Experimental::infinity<T>::value;
+}
+
+}  // namespace longattn::math
