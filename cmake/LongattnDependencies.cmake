@@ -4,17 +4,13 @@
 # Kokkos and Kokkos Kernels 3.4 through 4.x: scripts/install-deps.sh prints a prefix with 3.4.01
 # for CMAKE_PREFIX_PATH; a cluster's own installation works the same way. (No version range in
 # find_package: Kokkos 3.x accepts only its own major version there.)
-set(LONGATTN_KOKKOS_RANGE "3.4 through 4.x")
-find_package(Kokkos REQUIRED)
-if(Kokkos_VERSION VERSION_LESS 3.4 OR Kokkos_VERSION VERSION_GREATER_EQUAL 5)
-  message(FATAL_ERROR "longattn supports Kokkos ${LONGATTN_KOKKOS_RANGE}; found Kokkos ${Kokkos_VERSION} "
-                      "in ${Kokkos_DIR}. Point CMAKE_PREFIX_PATH (or Kokkos_ROOT) at a supported one.")
-endif()
-find_package(KokkosKernels REQUIRED)
-if(KokkosKernels_VERSION VERSION_LESS 3.4 OR KokkosKernels_VERSION VERSION_GREATER_EQUAL 5)
-  message(FATAL_ERROR "longattn supports Kokkos Kernels ${LONGATTN_KOKKOS_RANGE}; found Kokkos Kernels "
-                      "${KokkosKernels_VERSION} in ${KokkosKernels_DIR}")
-endif()
+foreach(package Kokkos KokkosKernels)
+  find_package(${package} REQUIRED)
+  if(${package}_VERSION VERSION_LESS 3.4 OR ${package}_VERSION VERSION_GREATER_EQUAL 5)
+    message(FATAL_ERROR "longattn supports ${package} 3.4 through 4.x; found ${package} ${${package}_VERSION} "
+                        "in ${${package}_DIR}. Point CMAKE_PREFIX_PATH (or ${package}_ROOT) at a supported one.")
+  endif()
+endforeach()
 
 if(LONGATTN_ENABLE_CUDA AND NOT "CUDA" IN_LIST Kokkos_DEVICES)
   message(FATAL_ERROR "LONGATTN_ENABLE_CUDA=ON but the Kokkos found in ${Kokkos_DIR} has no CUDA "

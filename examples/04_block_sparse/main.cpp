@@ -11,6 +11,7 @@
 #include "longattn/core/attention.hpp"
 #include "longattn/core/block_sparse_patterns.hpp"
 #include "longattn/core/runtime.hpp"
+#include "longattn/kokkos_compat.hpp"  // longattn::math: Kokkos' math functions in any version
 
 int main(int argc, char* argv[]) {
   longattn::ScopeGuard guard(argc, argv);
@@ -59,7 +60,7 @@ int main(int argc, char* argv[]) {
   Kokkos::parallel_reduce(
       "compare", Kokkos::RangePolicy<Exec>(0, o.size()),
       KOKKOS_LAMBDA(std::size_t i, float& w) {
-        const float e = o.data()[i] - o_builder.data()[i], d = e < 0 ? -e : e;
+        const float d = longattn::math::fabs(o.data()[i] - o_builder.data()[i]);
         w = d > w ? d : w;
       },
       Kokkos::Max<float>(worst));
