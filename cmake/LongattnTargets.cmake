@@ -1,7 +1,9 @@
 # Helpers that give every longattn target the same layout, warnings and sanitizers.
 
-# Kokkos' SKX flags make GCC auto-vectorize with 256-bit registers only; kernels are templates
-# compiled in the user's code too, so this travels with longattn::memory to every consumer.
+# Kokkos' SKX flags make GCC auto-vectorize with 256-bit registers only. longattn's own code (the
+# explicitly instantiated kernels in its libraries, its apps, tests and benchmarks) asks for
+# 512-bit vectors; the flag is private to those targets, never on an exported one, so a
+# consumer's compile lines are its own (kernels it instantiates from the headers get its flags).
 set(LONGATTN_ARCH_FLAGS "")
 if("SKX" IN_LIST Kokkos_ARCH AND CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
   set(LONGATTN_ARCH_FLAGS -mprefer-vector-width=512)
@@ -18,7 +20,7 @@ if(LONGATTN_SANITIZE)
 endif()
 
 # -Wall -Wextra on longattn's own code (dependencies' headers come in as SYSTEM includes).
-function(longattn_set_warnings target)
+function(longattn_set_compile_options target)
   target_compile_options(${target} PRIVATE -Wall -Wextra)
   if(LONGATTN_WARNINGS_AS_ERRORS)
     target_compile_options(${target} PRIVATE -Werror)
@@ -45,7 +47,7 @@ function(longattn_add_library layer)
     $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>)
   target_link_libraries(${target} PUBLIC ${ARG_DEPENDS})
   target_compile_features(${target} PUBLIC cxx_std_17)
-  longattn_set_warnings(${target})
+  longattn_set_compile_options(${target})
   install(TARGETS ${target} EXPORT longattnTargets
           LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
           ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}

@@ -305,7 +305,7 @@ BENCHMARK(BM_BlockSparseForwardBackward)
 BENCHMARK(BM_AttentionMemory)->Arg(4096)->Arg(16384)->Arg(65536)->Iterations(1)->UseRealTime()->Unit(benchmark::kSecond);
 
 int main(int argc, char* argv[]) {
-  longattn::ScopeGuard guard(argc, argv);
+  longattn::ScopeGuard guard(argc, argv, {/*select_blas_kernels=*/true});
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   fma_peak_gflops_all_cores = longattn::measure_fma_peak(Exec(), 0.3).gflops();

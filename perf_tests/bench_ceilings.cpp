@@ -72,7 +72,7 @@ BENCHMARK(BM_Sgemm)->ArgsProduct({{256, 512, 1024, 2048}, {1, 0}})->UseRealTime(
 BENCHMARK(BM_SgemmPrescottKernels)->Args({2048, 1})->UseRealTime()->Unit(benchmark::kMillisecond);
 
 int main(int argc, char* argv[]) {
-  longattn::ScopeGuard guard(argc, argv);
+  longattn::ScopeGuard guard(argc, argv, {/*select_blas_kernels=*/true});
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   fma_peak_gflops_one_core = longattn::measure_fma_peak(Kokkos::Serial(), 0.3).gflops();

@@ -423,7 +423,7 @@ BENCHMARK_TEMPLATE(BM_TrainingTrace, KokkosMalloc)->Name("BM_TrainingTrace/kokko
 }  // namespace
 
 int main(int argc, char** argv) {
-  longattn::ScopeGuard guard(argc, argv);
+  longattn::ScopeGuard guard(argc, argv, {/*select_blas_kernels=*/true});
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   benchmark::RunSpecifiedBenchmarks();

@@ -19,7 +19,7 @@ class Silent : public benchmark::BenchmarkReporter {
 
 inline int run_mpi_benchmarks(int argc, char** argv, void (*register_benchmarks)()) {
   parallel::MpiSession mpi(argc, argv);
-  ScopeGuard guard(argc, argv);
+  ScopeGuard guard(argc, argv, {/*select_blas_kernels=*/true});
   register_benchmarks();
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;

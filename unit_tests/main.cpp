@@ -11,6 +11,6 @@ int main(int argc, char* argv[]) {
 #if LONGATTN_TEST_WITH_MPI
   longattn::parallel::MpiSession mpi(argc, argv);
 #endif
-  longattn::ScopeGuard guard(argc, argv);
+  longattn::ScopeGuard guard(argc, argv, {/*select_blas_kernels=*/true});
   return Catch::Session().run(argc, argv);
 }

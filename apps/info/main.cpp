@@ -237,7 +237,7 @@ int main(int argc, char* argv[]) {
 #else
   const auto placement = longattn::parallel::local_placement();
 #endif
-  longattn::ScopeGuard guard(argc, argv);
+  longattn::ScopeGuard guard(argc, argv, {/*select_blas_kernels=*/true});
   try {
     return run(argc, argv, placement);
   } catch (const std::exception& e) {

@@ -20,7 +20,7 @@
 int main(int argc, char** argv) {
   using namespace longattn::train;
   longattn::parallel::MpiSession mpi(argc, argv);
-  longattn::ScopeGuard kokkos(argc, argv);
+  longattn::ScopeGuard kokkos(argc, argv, {/*select_blas_kernels=*/true});
   longattn::parallel::CommunicatorOptions comm_options;
   comm_options.on_error = longattn::parallel::ErrorPolicy::throw_error;  // every rank fails alike; rank 0 reports
   const auto world = longattn::parallel::Communicator::world(comm_options);

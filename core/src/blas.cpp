@@ -58,10 +58,8 @@ bool has_runtime_selection() {
          !current_kernels().empty();
 }
 
-// Function-local statics: the load-time constructor below may run before this file's global
-// constructors, so no global with a dynamic initializer may hold the selection.
 std::string& selection_note() {
-  static std::string note = "not selected yet";
+  static std::string note = "the BLAS library's own (longattn::select_blas_kernels() not called)";
   return note;
 }
 
@@ -89,16 +87,6 @@ void select_once() {
   note = lower(now) == lower(wanted)
              ? "switched by longattn from " + picked + " (OpenBLAS misdetected this " + isa_name(cpu) + " CPU)"
              : "OpenBLAS refused " + wanted + "; " + now + " in use (misdetected " + isa_name(cpu) + " CPU)";
-}
-
-// Runs when the shared library is loaded, after OpenBLAS's own initialization (a dependency
-// is initialized before the library that needs it).
-__attribute__((constructor)) void select_blas_kernels_at_load() {
-  try {
-    select_blas_kernels();
-  } catch (...) {
-    // Never let load-time code abort a program; ScopeGuard tries again and reports.
-  }
 }
 
 }  // namespace
@@ -149,7 +137,6 @@ void select_blas_kernels() {
 }
 
 BlasRuntime blas_runtime() {
-  select_blas_kernels();
   BlasRuntime r;
   auto* config = openblas_symbol<char*()>("openblas_get_config");
   auto* threads = openblas_symbol<int()>("openblas_get_num_threads");

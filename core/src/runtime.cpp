@@ -6,8 +6,8 @@
 
 namespace longattn {
 
-ScopeGuard::ScopeGuard(int& argc, char* argv[]) {
-  select_blas_kernels();
+ScopeGuard::ScopeGuard(int& argc, char* argv[], const RuntimeOptions& options) {
+  if (options.select_blas_kernels) select_blas_kernels();
   if (!Kokkos::is_initialized()) {
     Kokkos::initialize(argc, argv);
     owns_kokkos_ = true;

@@ -10,7 +10,7 @@
 #include "longattn/core/runtime.hpp"
 
 int main(int argc, char* argv[]) {
-  longattn::ScopeGuard guard(argc, argv);  // Kokkos up, BLAS kernels chosen for this CPU
+  longattn::ScopeGuard guard(argc, argv);  // Kokkos up; the process's BLAS left as it is
   const auto build = longattn::build_info();
   std::printf("longattn %s on Kokkos %s (%s)\n", build.version.c_str(), build.kokkos_version.c_str(),
               build.default_execution_space.c_str());

@@ -10,7 +10,9 @@
 #include "longattn/core/runtime.hpp"
 
 int main(int argc, char* argv[]) {
-  longattn::ScopeGuard guard(argc, argv);
+  // Also switches OpenBLAS to this CPU's kernels where it misdetected the CPU (off by default:
+  // it changes the whole process's BLAS).
+  longattn::ScopeGuard guard(argc, argv, {/*select_blas_kernels=*/true});
   using Exec = Kokkos::DefaultExecutionSpace;
   using Layer = longattn::MultiheadAttention<Exec, float>;
   const int B = 1, N = 3000, E = 64, H = 4;

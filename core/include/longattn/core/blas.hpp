@@ -5,8 +5,11 @@
 // kernels, 4-5x below the CPU's sgemm rate. select_blas_kernels() compares the kernels OpenBLAS
 // picked with the vector ISA this CPU has and, when OpenBLAS picked an older ISA, switches it to
 // the matching kernels (SkylakeX for AVX-512, Haswell for AVX2) through OpenBLAS's own runtime
-// selection. It runs when liblongattn_core is loaded and again from ScopeGuard, so users need
-// not know; an OPENBLAS_CORETYPE set by the user is respected. With another BLAS it does nothing.
+// selection. It changes the process's BLAS (it sets OPENBLAS_CORETYPE and re-initializes
+// OpenBLAS), so it runs only when asked: call it, or start longattn with
+// ScopeGuard(argc, argv, {/*select_blas_kernels=*/true}) as longattn's own programs do. Loading
+// the library or calling gemm never does. An OPENBLAS_CORETYPE set by the user is respected;
+// with another BLAS it does nothing.
 #include <string>
 
 namespace longattn {
@@ -18,9 +21,11 @@ struct BlasRuntime {
   int threads = 0;        // BLAS threads, 0 if unknown
 };
 
-// Idempotent and thread-safe; call before the first BLAS call of a process.
+// Idempotent and thread-safe; call before the first BLAS call of a process (switching the
+// kernels while another thread runs a BLAS call is not safe).
 void select_blas_kernels();
 
+// What is in use now; selects nothing.
 BlasRuntime blas_runtime();
 
 // Sets the number of threads OpenBLAS uses (no effect with another BLAS). Throws

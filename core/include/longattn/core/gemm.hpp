@@ -9,7 +9,6 @@
 #include <string>
 #include <type_traits>
 
-#include "longattn/core/blas.hpp"
 #include "longattn/error.hpp"
 
 namespace longattn {
@@ -44,7 +43,6 @@ void gemm(const char* trans_a, const char* trans_b, typename CView::const_value_
   require(inner_b == inner_a, where, "B's inner extent", inner_b, expect("columns of op(A)", inner_a));
   require(c.extent(0) == rows_a, where, "C.extent(0)", c.extent(0), expect("rows of op(A)", rows_a));
   require(c.extent(1) == cols_b, where, "C.extent(1)", c.extent(1), expect("columns of op(B)", cols_b));
-  select_blas_kernels();
   KokkosBlas::gemm(trans_a, trans_b, alpha, a, b, beta, c);
 }
 
@@ -69,7 +67,6 @@ void add_column_sums(const AView& a, const OnesView& ones, const SumsView& sums)
   const Kokkos::View<const T**, Kokkos::LayoutLeft, Memory, Unmanaged> transposed(a.data(), a.extent(1), a.extent(0));
   const Kokkos::View<const T*, Kokkos::LayoutLeft, Memory, Unmanaged> x(ones.data(), a.extent(0));
   const Kokkos::View<T*, Kokkos::LayoutLeft, Memory, Unmanaged> y(sums.data(), sums.extent(0));
-  select_blas_kernels();
   KokkosBlas::gemv("N", T(1), transposed, x, T(1), y);
 }
 

@@ -6,14 +6,22 @@
 //     ...
 //   }
 //
-// It initializes Kokkos (passing --kokkos-* arguments on) unless the program already did,
-// selects the BLAS kernels for this CPU (core/blas.hpp), and finalizes Kokkos at scope exit
-// if it initialized it.
+// It initializes Kokkos (passing --kokkos-* arguments on) unless the program already did, and
+// finalizes Kokkos at scope exit if it initialized it. It changes nothing else in the process
+// unless asked through RuntimeOptions.
 namespace longattn {
+
+struct RuntimeOptions {
+  // Switch OpenBLAS to the kernels of this CPU's vector ISA where it misdetected the CPU
+  // (select_blas_kernels(), core/blas.hpp). It sets OPENBLAS_CORETYPE and re-initializes
+  // OpenBLAS for the whole process, so it is off unless the program asks; longattn's own apps,
+  // tests and benchmarks ask.
+  bool select_blas_kernels = false;
+};
 
 class ScopeGuard {
  public:
-  ScopeGuard(int& argc, char* argv[]);
+  ScopeGuard(int& argc, char* argv[], const RuntimeOptions& options = {});
   ~ScopeGuard();
   ScopeGuard(const ScopeGuard&) = delete;
   ScopeGuard& operator=(const ScopeGuard&) = delete;
