@@ -31,7 +31,7 @@ int main(int argc, char** argv) {
   app.name("longattn-train");
   app.option_defaults()->always_capture_default()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   TrainConfig c;
-  std::string task = to_string(c.data.task), json_path, config_path;
+  std::string task = to_string(c.data.task), attention = to_string(c.model.attention), json_path, config_path;
   const std::map<std::string, Task> tasks{{"text", Task::text}, {"long_range", Task::long_range}};
 
   app.add_option("--config", config_path, "JSON file of options (keys: the long option names)");
@@ -39,7 +39,7 @@ int main(int argc, char** argv) {
   app.add_option("--embed", c.model.embed, "embedding size E (MLP 4E)")->group("Model");
   app.add_option("--heads", c.model.heads, "attention heads (dividing E)")->group("Model");
   app.add_option("--context", c.model.context, "tokens per sequence N")->group("Model");
-  app.add_option("--attention", c.model.attention,
+  app.add_option("--attention", attention,
                  "dense | dilated:w=<lengths>;r=<rates> | block_sparse:pattern=<name>;<fields> | auto "
                  "(the core's attention specs, docs/user-guide.md)")->group("Model");
   app.add_option("--seed", c.model.seed, "weight initialization seed")->group("Model");
@@ -76,6 +76,7 @@ int main(int argc, char** argv) {
 
   try {
     longattn::apps::parse_with_config(app, argc, argv, "longattn-train");
+    c.model.attention = longattn::parse_attention_spec(attention);  // once, here at the edge
   } catch (const CLI::ParseError& error) {
     return root ? app.exit(error) : (error.get_exit_code() == 0 ? 0 : 2);
   } catch (const longattn::Error& error) {

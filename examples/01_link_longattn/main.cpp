@@ -22,7 +22,7 @@ int main(int argc, char* argv[]) {
   for (int l = 0; l < k; ++l)
     for (int j = 0; j < n; ++j) b(l, j) = 1.0 - l + j;
 
-  longattn::gemm("N", "N", 1.0, a, b, 0.0, c);  // C = A B
+  longattn::gemm(Kokkos::DefaultHostExecutionSpace(), "N", "N", 1.0, a, b, 0.0, c);  // C = A B
 
   double worst = 0;
   for (int i = 0; i < m; ++i)

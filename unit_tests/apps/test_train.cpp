@@ -75,7 +75,7 @@ TEST_CASE("the whole model's gradients match finite differences", "[train][gradi
   config.context = 70;  // not a multiple of the attention block
   config.seed = test::test_seed();
   const auto spec = GENERATE(as<std::string>{}, "dense", "dilated:w=32,64;r=1,2", "block_sparse:pattern=local_window;radius=64");
-  config.attention = spec;
+  config.attention = longattn::parse_attention_spec(spec);
   INFO("attention " << spec << ", seed " << config.seed);
   using Model = Transformer<Host, double>;
   Model model(config);
@@ -205,7 +205,7 @@ TEST_CASE("context parallel: 2 ranks give the losses of 1, for each attention ki
   INFO("attention " << spec);
   TrainConfig c = tiny_config();
   c.model.context = 256;  // zigzag: 4 chunks of one 64-token block
-  c.model.attention = spec;
+  c.model.attention = longattn::parse_attention_spec(spec);
   c.batch = 2;
   c.steps = 3;
   const std::vector<double> one = losses(run_training(c, self(), nullptr));
@@ -288,9 +288,6 @@ TEST_CASE("bad options are refused naming them", "[train][errors]") {
   bad.model.heads = 5;
   fails(bad, "argument 'embed' is 32, expected a positive multiple of heads = 5");
   bad = c;
-  bad.model.attention = "sparse";
-  fails(bad, "sparse");
-  bad = c;
   bad.data.text = "/nonexistent/text";
   fails(bad, "argument 'text' is \"/nonexistent/text\", expected a readable file");
   bad = c;
@@ -306,7 +303,7 @@ TEST_CASE("bad options are refused naming them", "[train][errors]") {
     bad = c;
     bad.cp = 2;
     bad.model.context = 256;
-    bad.model.attention = "block_sparse:pattern=top_k;k=2";
+    bad.model.attention = longattn::parse_attention_spec("block_sparse:pattern=top_k;k=2");
     fails(bad, "a fixed block-sparse pattern");
   }
 }

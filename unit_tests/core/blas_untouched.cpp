@@ -31,7 +31,7 @@ int main(int argc, char* argv[]) {
     const std::string kernels_at_start = longattn::blas_runtime().kernels;
     Kokkos::View<float**, Kokkos::LayoutRight, Kokkos::HostSpace> a("A", 8, 8), c("C", 8, 8);
     Kokkos::deep_copy(a, 1.0f);
-    longattn::gemm("N", "N", 1.0f, a, a, 0.0f, c);
+    longattn::gemm(Kokkos::DefaultHostExecutionSpace(), "N", "N", 1.0f, a, a, 0.0f, c);
     const auto untouched = longattn::blas_runtime();
     check(c(7, 7) == 8.0f, "gemm computes C = A A");
     check(std::getenv("OPENBLAS_CORETYPE") == nullptr, "OPENBLAS_CORETYPE still unset after load, ScopeGuard, gemm");

@@ -85,7 +85,7 @@ TEST_CASE("OpenBLAS kernels can be switched at run time", "[core][blas]") {
     Kokkos::View<float**, Kokkos::LayoutLeft, Kokkos::HostSpace> a("A", n, n), b("B", n, n), c("C", n, n);
     for (int i = 0; i < n; ++i)
       for (int j = 0; j < n; ++j) a(i, j) = float((i + 2 * j) % 7) - 3, b(i, j) = float((3 * i + j) % 5) - 2;
-    longattn::gemm("N", "N", 1.0f, a, b, 0.0f, c);
+    longattn::gemm(Kokkos::DefaultHostExecutionSpace(), "N", "N", 1.0f, a, b, 0.0f, c);
     double worst = 0;  // small integers: the float result is exact
     for (int i = 0; i < n; ++i)
       for (int j = 0; j < n; ++j) {

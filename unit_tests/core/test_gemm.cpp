@@ -26,7 +26,7 @@ void check_gemm(const char* trans_a, const char* trans_b, int m, int n, int k, s
   const double alpha = 0.75, beta = -0.5;
   const auto expected = longattn::test::reference_gemm(ta, tb, alpha, ha, hb, beta, hc);
 
-  longattn::gemm(trans_a, trans_b, Scalar(alpha), a, b, Scalar(beta), c);
+  longattn::gemm(ExecSpace(), trans_a, trans_b, Scalar(alpha), a, b, Scalar(beta), c);
   Kokkos::deep_copy(hc, c);
 
   // Each entry sums k products of values in [-1, 1): rounding error grows like sqrt(k) eps.
@@ -55,13 +55,13 @@ TEMPLATE_LIST_TEST_CASE("gemm matches the double reference", "[core][gemm]", lon
 
 TEST_CASE("gemm rejects mismatched shapes with a longattn::Error naming the argument", "[core][gemm][errors]") {
   Kokkos::View<float**, Kokkos::LayoutLeft, Kokkos::HostSpace> a("A", 5, 3), b("B", 3, 4), c("C", 5, 4), wrong("W", 7, 4);
-  CHECK_NOTHROW(longattn::gemm("N", "N", 1.0f, a, b, 0.0f, c));
-  CHECK_THROWS_WITH(longattn::gemm("N", "N", 1.0f, a, b, 0.0f, wrong),
+  CHECK_NOTHROW(longattn::gemm(Kokkos::DefaultHostExecutionSpace(), "N", "N", 1.0f, a, b, 0.0f, c));
+  CHECK_THROWS_WITH(longattn::gemm(Kokkos::DefaultHostExecutionSpace(), "N", "N", 1.0f, a, b, 0.0f, wrong),
                     Catch::Contains("'C.extent(0)' is 7") && Catch::Contains("expected 5"));
-  CHECK_THROWS_WITH(longattn::gemm("N", "T", 1.0f, a, b, 0.0f, c),
+  CHECK_THROWS_WITH(longattn::gemm(Kokkos::DefaultHostExecutionSpace(), "N", "T", 1.0f, a, b, 0.0f, c),
                     Catch::Contains("B's inner extent") && Catch::Contains("is 4") && Catch::Contains("expected 3"));
-  CHECK_THROWS_WITH(longattn::gemm("X", "N", 1.0f, a, b, 0.0f, c), Catch::Contains("'trans_a' is X"));
-  CHECK_THROWS_AS(longattn::gemm("N", "N", 1.0f, a, a, 0.0f, c), longattn::Error);
+  CHECK_THROWS_WITH(longattn::gemm(Kokkos::DefaultHostExecutionSpace(), "X", "N", 1.0f, a, b, 0.0f, c), Catch::Contains("'trans_a' is X"));
+  CHECK_THROWS_AS(longattn::gemm(Kokkos::DefaultHostExecutionSpace(), "N", "N", 1.0f, a, a, 0.0f, c), longattn::Error);
 }
 
 TEMPLATE_LIST_TEST_CASE("add_column_sums adds each column's sum", "[core][gemm]", longattn::test::ExecutionSpaces) {
@@ -83,13 +83,13 @@ TEMPLATE_LIST_TEST_CASE("add_column_sums adds each column's sum", "[core][gemm]"
     expected[std::size_t(c)] = hs(c);
     for (int r = 0; r < rows; ++r) expected[std::size_t(c)] += ha(r, c);
   }
-  longattn::add_column_sums(a, ones, sums);
+  longattn::add_column_sums(TestType(), a, ones, sums);
   const auto result = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), sums);
   // 38 terms in [-1, 1): the rounding error is absolute (a sum may cancel to near 0), about 38 eps.
   for (int c = 0; c < cols; ++c) CHECK(result(c) == Approx(expected[std::size_t(c)]).epsilon(0).margin(1e-13));
   const Kokkos::View<double*, Memory> wrong("wrong", cols + 1);
-  CHECK_THROWS_WITH(longattn::add_column_sums(a, ones, wrong),
+  CHECK_THROWS_WITH(longattn::add_column_sums(TestType(), a, ones, wrong),
                     Catch::Contains("'sums.extent(0)' is 20") && Catch::Contains("the columns of a, 19"));
-  CHECK_THROWS_WITH(longattn::add_column_sums(a, wrong, sums),
+  CHECK_THROWS_WITH(longattn::add_column_sums(TestType(), a, wrong, sums),
                     Catch::Contains("'ones.extent(0)' is 20") && Catch::Contains("at least the rows of a, 37"));
 }

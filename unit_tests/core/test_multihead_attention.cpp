@@ -71,7 +71,7 @@ Host3 reference_module_forward(const Host3& x, const std::vector<double>& p, int
   HostTensor a("a", B, N, H, D);
   HostRows lse("lse", B, H, N);
   const longattn::AttentionSpec spec =
-      longattn::resolve_attention_spec(longattn::parse_attention_spec(options.attention), N);
+      longattn::resolve_attention_spec(options.attention, N);
   if (spec.kind == longattn::AttentionSpec::Kind::dilated) {
     longattn::test::reference_dilated_forward(
         qkv[0], qkv[1], qkv[2], a, lse,
@@ -119,7 +119,7 @@ Host3 reference_module_forward(const Host3& x, const std::vector<double>& p, int
 
 longattn::MultiheadAttentionOptions module_options(const std::string& spec, bool causal, bool layer_norm) {
   longattn::MultiheadAttentionOptions options;
-  options.attention = spec;
+  options.attention = longattn::parse_attention_spec(spec);
   options.causal = causal;
   options.sub_layer_norm = layer_norm;
   options.gamma_init = 0.8;

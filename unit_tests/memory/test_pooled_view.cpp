@@ -2,7 +2,10 @@
 // handle is gone); kernels run on it like on any View; the default pools.
 #include <catch2/catch.hpp>
 
+#include <optional>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "execution_spaces.hpp"
@@ -11,6 +14,26 @@
 namespace {
 using longattn::memory::Pool;
 using longattn::memory::PooledView;
+
+// Whether `P` (a PooledView, an lvalue reference to one or a temporary) hands out its view.
+template <class P, class = void>
+struct gives_view : std::false_type {};
+template <class P>
+struct gives_view<P, std::void_t<decltype(std::declval<P>().view())>> : std::true_type {};
+template <class P, class View, class = void>
+struct converts_to_view : std::false_type {};
+template <class P, class View>
+struct converts_to_view<P, View, std::void_t<decltype(static_cast<const View&>(std::declval<P>()))>> : std::true_type {};
+
+using HostVector = Kokkos::View<float*, Kokkos::HostSpace>;
+// A temporary's view would dangle at the end of the statement: refused at compile time.
+static_assert(gives_view<PooledView<HostVector>&>::value && gives_view<const PooledView<HostVector>&>::value,
+              "a PooledView that lives on gives its view");
+static_assert(!gives_view<PooledView<HostVector>>::value && !gives_view<PooledView<HostVector>&&>::value,
+              "a temporary PooledView gives no view");
+static_assert(converts_to_view<PooledView<HostVector>&, HostVector>::value &&
+                  !converts_to_view<PooledView<HostVector>, HostVector>::value,
+              "only a PooledView that lives on converts to its view");
 }  // namespace
 
 TEMPLATE_LIST_TEST_CASE("a PooledView holds its block until its last copy goes", "[memory][pooled_view]",
@@ -51,6 +74,24 @@ TEMPLATE_LIST_TEST_CASE("a PooledView holds its block until its last copy goes",
   CHECK(empty.data() == nullptr);
   CHECK(empty.size() == 0);
   CHECK(pool.stats().allocations == 1);  // nothing allocated for zero elements
+}
+
+TEST_CASE("a copied PooledView keeps the memory after the one it was copied from is gone", "[memory][pooled_view]") {
+  const Pool<Kokkos::HostSpace> pool;
+  using Vector = Kokkos::View<double*, Kokkos::HostSpace>;
+  std::optional<PooledView<Vector>> owner(std::in_place, pool, 4096);
+  for (int i = 0; i < 4096; ++i) owner->view()(i) = 0.5 * i;
+  const PooledView<Vector> copy = *owner;
+  const std::size_t held = pool.stats().in_use_bytes;
+  owner.reset();  // the first owner goes
+  CHECK(pool.stats().in_use_bytes == held);  // the block is not back in the pool
+  // The pool lends that memory to no one else: a new block of the same size lies elsewhere.
+  const PooledView<Vector> other(pool, 4096);
+  CHECK(other.data() != copy.data());
+  for (int i = 0; i < 4096; ++i) other.view()(i) = -1;
+  bool intact = true;
+  for (int i = 0; i < 4096; ++i) intact = intact && copy.view()(i) == 0.5 * i;
+  CHECK(intact);
 }
 
 TEST_CASE("a PooledView outlives every handle of its pool", "[memory][pooled_view]") {

@@ -104,10 +104,10 @@ AttentionWork attention_work(const ModelConfig& model) {
       work.kind = AttentionWork::Kind::dilated;
       validate_dilated_config(spec.dilated, int(model.heads), "longattn-plan: attention");
       work.scores = dilated_attention_scores(model.sequence, int(model.heads), spec.dilated, model.causal);
-      const auto passes = detail::dilated_passes(spec.dilated, int(model.heads));
+      const auto passes = dilated::passes(spec.dilated, int(model.heads));
       for (std::size_t i = 0; i < spec.dilated.segment_lengths.size(); ++i) {
         double heads = 0;
-        for (const detail::DilatedPass& pass : passes)
+        for (const dilated::Pass& pass : passes)
           if (pass.config == int(i)) heads += pass.head_count;
         work.dilated_levels.push_back({double(spec.dilated.segment_lengths[i]), double(spec.dilated.dilation_rates[i]), heads});
       }

@@ -31,7 +31,7 @@ double seconds_since(Clock::time_point start) {
 // What a checkpoint must agree on with the run that resumes it.
 nlohmann::json run_identity(const TrainConfig& c) {
   return {{"layers", c.model.layers}, {"embed", c.model.embed}, {"heads", c.model.heads},
-          {"context", c.model.context}, {"attention", c.model.attention}, {"seed", c.model.seed},
+          {"context", c.model.context}, {"attention", to_string(c.model.attention)}, {"seed", c.model.seed},
           {"task", to_string(c.data.task)}, {"text", c.data.task == Task::text ? c.data.text : ""},
           {"pairs", c.data.pairs}, {"queries", c.data.queries}, {"batch", c.batch}, {"data_seed", c.data_seed}};
 }
@@ -136,7 +136,9 @@ nlohmann::json TrainResult::to_json(const TrainConfig& c) const {
 
 TrainResult run_training(const TrainConfig& config, const parallel::Communicator& world, std::ostream* log) {
   world.guarded(program, [&] { validate(config, world.size()); });
-  const Exec exec;
+  // Where every kernel of the run goes and where its memory comes from (the step's high-water
+  // mark below is this pool's).
+  const ExecutionContext<Exec> context;
   const int cp = config.cp, dp = world.size() / cp;
   const int cp_rank = world.rank() % cp, dp_rank = world.rank() / cp;
   const parallel::Communicator cp_group = world.split(dp_rank, cp_rank);
@@ -145,12 +147,12 @@ TrainResult run_training(const TrainConfig& config, const parallel::Communicator
 
   std::optional<Dataset> data;
   world.checked(program, [&] { data.emplace(config.data, N); });
-  Model model(config.model);
+  Model model(context, config.model);
   std::shared_ptr<parallel::ContextParallelAttention<Exec, float>> ring;
   std::vector<parallel::Segment> segments{{0, 0, N}};
   if (cp > 1) {
     ring = std::make_shared<parallel::ContextParallelAttention<Exec, float>>(
-        exec, cp_group, N, parse_attention_spec(config.model.attention), true);
+        context.exec(), cp_group, N, config.model.attention, true);
     model.set_attention_runner(ring);
     segments = ring->segments();
   }
@@ -164,7 +166,7 @@ TrainResult run_training(const TrainConfig& config, const parallel::Communicator
     buckets = std::make_unique<parallel::GradientBuckets>(world, options);
     for (const auto& g : groups) buckets->add(g.gradients, g.count);
   }
-  AdamW<Exec, float> optimizer(config.optimizer, groups);
+  AdamW<Exec, float> optimizer(context, config.optimizer, groups);
   // A checkpoint's payload, in order: every group's parameters, then AdamW's two moments.
   std::vector<std::pair<float*, std::size_t>> state;
   for (const auto& g : groups) state.emplace_back(g.values, g.count);
@@ -232,12 +234,12 @@ TrainResult run_training(const TrainConfig& config, const parallel::Communicator
   result.peak_gflops = config.peak_gflops;
   if (result.peak_gflops == 0) {
     world.barrier();
-    double mine = measure_fma_peak(exec, 0.3).gflops();
+    double mine = measure_fma_peak(context.exec(), 0.3).gflops();
     world.all_reduce(&mine, &result.peak_gflops, 1, parallel::DataType::float64, parallel::ReduceOp::sum);
   }
   if (out) {
     *out << "model     " << config.model.layers << " layers, embed " << config.model.embed << ", " << config.model.heads
-         << " heads, context " << N << ", attention " << config.model.attention << ": " << result.parameters
+         << " heads, context " << N << ", attention " << to_string(config.model.attention) << ": " << result.parameters
          << " parameters\n"
          << "data      " << to_string(config.data.task)
          << (config.data.task == Task::text ? " " + config.data.text + " (" + std::to_string(data->bytes(Split::train)) +
@@ -270,7 +272,7 @@ TrainResult run_training(const TrainConfig& config, const parallel::Communicator
 
   const int last = config.stop_after > 0 ? std::min(config.steps, config.stop_after) : config.steps;
   const Clock::time_point run_start = Clock::now();
-  memory::default_pool<Kokkos::HostSpace>().reset_high_water();
+  context.pool().reset_high_water();
   for (int step = first; step < last; ++step) {
     const Clock::time_point start = Clock::now();
     double communication = 0;
@@ -301,7 +303,7 @@ TrainResult run_training(const TrainConfig& config, const parallel::Communicator
     r.seconds = seconds_since(start);
     // The slowest rank's time, communication and memory make the step's figures.
     const double mine[3] = {r.seconds, communication,
-                            double(memory::default_pool<Kokkos::HostSpace>().stats().in_use_high_water_bytes)};
+                            double(context.pool().stats().in_use_high_water_bytes)};
     double most[3];
     world.all_reduce(mine, most, 3, parallel::DataType::float64, parallel::ReduceOp::max);
     r.seconds = most[0];

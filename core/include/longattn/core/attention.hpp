@@ -14,7 +14,8 @@
 //
 // Memory: the forward pass allocates nothing; the backward pass allocates
 // attention_backward_workspace_bytes() = B * H * Nq * sizeof(accumulate_t<T>) (Delta =
-// rowsum(dO * O), through allocate_workspace). Each
+// rowsum(dO * O)) from the pool of the ExecutionContext it is given (execution_context.hpp), or
+// the default pool when given a bare instance. Each
 // team also uses the scratch of attention_scratch_bytes() (per thread on a CPU).
 #pragma once
 
@@ -30,9 +31,10 @@
 
 #include "longattn/core/dense_blocks.hpp"
 #include "longattn/core/half.hpp"
-#include "longattn/core/workspace.hpp"
+#include "longattn/core/execution_context.hpp"
 #include "longattn/core/detail/attention_kernels.hpp"
 #include "longattn/core/detail/eti.hpp"
+#include "longattn/checks.hpp"
 #include "longattn/error.hpp"
 
 namespace longattn {
@@ -88,18 +90,6 @@ std::string scalar_name() {
   return "an unsupported type";
 }
 
-template <class View>
-std::string extents_of(const View& view) {
-  std::ostringstream s;
-  s << "[";
-  for (unsigned r = 0; r < View::rank; ++r) s << (r ? ", " : "") << view.extent(r);
-  s << "]";
-  return s.str();
-}
-
-template <class View>
-using scalar_of = std::remove_const_t<typename View::value_type>;
-
 // The attention kernels' storage types.
 template <class T>
 inline constexpr bool attention_scalar = std::is_same_v<T, float> || std::is_same_v<T, double> || is_half_v<T>;
@@ -130,48 +120,6 @@ void check_lse_view(const char* where, const char* name, const Lse& lse, const c
                                            (std::string(reference) + "'s " + scalar_name<T>() + " accumulation").c_str());
   else
     check_view<ExecSpace, T>(where, name, lse, reference);
-}
-
-template <class View>
-void check_extents(const char* where, const char* name, const View& view,
-                   const std::int64_t (&expected)[View::rank], const char* meaning) {
-  bool same = true;
-  for (unsigned r = 0; r < View::rank; ++r) same = same && std::int64_t(view.extent(r)) == expected[r];
-  if (same) return;
-  std::ostringstream want;
-  want << "[";
-  for (unsigned r = 0; r < View::rank; ++r) want << (r ? ", " : "") << expected[r];
-  want << "] (" << meaning << ")";
-  throw_invalid_argument(where, std::string(name) + "'s extents", extents_of(view), want.str());
-}
-
-// The bytes [begin, end) a view can touch: from its first element to one past its last (a
-// subview's span() may reach beyond its parent, so compute it from the strides).
-template <class View>
-std::pair<const char*, const char*> byte_range(const View& view) {
-  const char* begin = reinterpret_cast<const char*>(view.data());
-  std::size_t last = 0;
-  for (unsigned r = 0; r < View::rank; ++r) {
-    if (view.extent(r) == 0) return {begin, begin};
-    last += (view.extent(r) - 1) * view.stride(r);
-  }
-  return {begin, begin + (last + 1) * sizeof(typename View::value_type)};
-}
-
-// Whether two views' memory ranges overlap.
-template <class A, class B>
-bool overlap(const A& a, const B& b) {
-  const auto [a_begin, a_end] = byte_range(a);
-  const auto [b_begin, b_end] = byte_range(b);
-  return a_begin < a_end && b_begin < b_end && a_begin < b_end && b_begin < a_end;
-}
-
-template <class Output, class Input>
-void check_no_alias(const char* where, const char* output_name, const Output& output,
-                    const char* input_name, const Input& input) {
-  if (overlap(output, input))
-    throw_invalid_argument(where, output_name, std::string("overlapping ") + input_name,
-                           "an output whose memory range overlaps no input and no other output");
 }
 
 // The checks both passes share; returns the geometry.
@@ -228,11 +176,18 @@ AttentionGeometry check_attention(const char* where, const Q& q, const K& k, con
   return geo;
 }
 
-// The checks of the forward pass: shapes, types, options, and outputs that alias no input.
+}  // namespace detail
+
+// The shape of an attention call (sizes, offsets, causal), as the checks below return it.
+using AttentionGeometry = detail::AttentionGeometry;
+
+// The argument checks attention_forward runs first: shapes, value types (T: q's), options, and
+// outputs that alias no input; throws longattn::Error from `where`. Public for code that builds
+// on the kernels (distributed dilated attention checks its shards with them).
 template <class ExecSpace, class T, class Q, class K, class V, class O, class Lse>
-AttentionGeometry check_forward(const char* where, const Q& q, const K& k, const V& v, const O& o,
+AttentionGeometry check_attention_forward(const char* where, const Q& q, const K& k, const V& v, const O& o,
                                 const Lse& lse, const AttentionOptions& opts) {
-  const AttentionGeometry geo = check_attention<ExecSpace, T>(where, q, k, v, o, lse, opts);
+  const AttentionGeometry geo = detail::check_attention<ExecSpace, T>(where, q, k, v, o, lse, opts);
   check_no_alias(where, "o", o, "q", q);
   check_no_alias(where, "o", o, "k", k);
   check_no_alias(where, "o", o, "v", v);
@@ -247,16 +202,16 @@ AttentionGeometry check_forward(const char* where, const Q& q, const K& k, const
 // that no gradient aliases an input or another gradient.
 template <class ExecSpace, class T, class Q, class K, class V, class O, class DO, class Lse, class DQ,
           class DK, class DV>
-AttentionGeometry check_backward(const char* where, const Q& q, const K& k, const V& v, const O& o,
+AttentionGeometry check_attention_backward(const char* where, const Q& q, const K& k, const V& v, const O& o,
                                  const DO& d_o, const Lse& lse, const DQ& dq, const DK& dk, const DV& dv,
                                  const AttentionOptions& opts) {
-  const AttentionGeometry geo = check_attention<ExecSpace, T>(where, q, k, v, o, lse, opts);
+  const AttentionGeometry geo = detail::check_attention<ExecSpace, T>(where, q, k, v, o, lse, opts);
   static_assert(DO::rank == 4 && DQ::rank == 4 && DK::rank == 4 && DV::rank == 4,
                 "d_o, dq, dk, dv are rank-4 views [batch, tokens, heads, head dim]");
-  check_view<ExecSpace, T>(where, "d_o", d_o);
-  check_view<ExecSpace, T>(where, "dq", dq);
-  check_view<ExecSpace, T>(where, "dk", dk);
-  check_view<ExecSpace, T>(where, "dv", dv);
+  detail::check_view<ExecSpace, T>(where, "d_o", d_o);
+  detail::check_view<ExecSpace, T>(where, "dq", dq);
+  detail::check_view<ExecSpace, T>(where, "dk", dk);
+  detail::check_view<ExecSpace, T>(where, "dv", dv);
   const std::int64_t B = geo.batch, Nq = geo.queries, Nk = geo.keys, H = geo.heads, D = geo.head_dim;
   check_extents(where, "d_o", d_o, {B, Nq, H, D}, "the extents of o");
   check_extents(where, "dq", dq, {B, Nq, H, D}, "the extents of q");
@@ -278,6 +233,8 @@ AttentionGeometry check_backward(const char* where, const Q& q, const K& k, cons
   check_no_alias(where, "dk", dk, "dv", dv);
   return geo;
 }
+
+namespace detail {
 
 inline double softmax_scale(const AttentionOptions& opts, int head_dim) {
   return opts.softmax_scale ? *opts.softmax_scale : 1.0 / std::sqrt(double(head_dim));
@@ -346,13 +303,15 @@ struct AttentionKernels {
   using T = accumulate_t<S>;
   using Input = Tensor4<const S, ExecSpace>;
   using Output = Tensor4<S, ExecSpace>;
+  using Delta = Kokkos::View<T***, typename ExecSpace::memory_space>;  // [B, H, Nq]
 
   static void forward(const ExecSpace& exec, const Input& q, const Input& k, const Input& v, const Output& o,
                       const Tensor3<T, ExecSpace>& lse, const AttentionGeometry& geo, const Pattern& pattern,
                       const AttentionOptions& opts);
+  // delta: workspace for rowsum(dO * O), written here.
   static void backward(const ExecSpace& exec, const Input& q, const Input& k, const Input& v, const Input& o,
                        const Input& d_o, const Tensor3<const T, ExecSpace>& lse, const Output& dq, const Output& dk,
-                       const Output& dv, const AttentionGeometry& geo, const Pattern& pattern,
+                       const Output& dv, const Delta& delta, const AttentionGeometry& geo, const Pattern& pattern,
                        const AttentionOptions& opts);
 };
 
@@ -371,14 +330,11 @@ template <class ExecSpace, class S, class Pattern>
 void AttentionKernels<ExecSpace, S, Pattern>::backward(const ExecSpace& exec, const Input& q, const Input& k,
                                                        const Input& v, const Input& o, const Input& d_o,
                                                        const Tensor3<const T, ExecSpace>& lse, const Output& dq,
-                                                       const Output& dk, const Output& dv,
+                                                       const Output& dk, const Output& dv, const Delta& delta,
                                                        const AttentionGeometry& geo, const Pattern& pattern,
                                                        const AttentionOptions& opts) {
   const double scale = softmax_scale(opts, geo.head_dim);
   const T scale_log2 = T(scale * log2_e<double>());
-  using Memory = typename ExecSpace::memory_space;
-  const auto delta_memory = allocate_workspace<Kokkos::View<T***, Memory>>(geo.batch, geo.heads, geo.queries);
-  const auto& delta = delta_memory.view();
   Kokkos::parallel_for("longattn::attention_backward::delta",
                        Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(
                            exec, 0, std::int64_t(geo.batch) * geo.heads * geo.queries),
@@ -403,9 +359,9 @@ LONGATTN_ETI_FOR_EACH(LONGATTN_ETI_STORAGE_TYPES, LONGATTN_ATTENTION_DENSE_ETI)
 template <class ExecSpace, class Q, class K, class V, class O, class Lse, class Blocks>
 void attention_forward(const ExecSpace& exec, const Q& q, const K& k, const V& v, const O& o,
                        const Lse& lse, const AttentionOptions& opts, const Blocks& blocks) {
-  using T = detail::scalar_of<Q>;
+  using T = longattn::scalar_of<Q>;
   const char* where = "longattn::attention_forward";
-  const detail::AttentionGeometry geo = detail::check_forward<ExecSpace, T>(where, q, k, v, o, lse, opts);
+  const AttentionGeometry geo = check_attention_forward<ExecSpace, T>(where, q, k, v, o, lse, opts);
   if constexpr (detail::runnable_attention<T, Lse, K, V, O>) {
     detail::check_blocks<ExecSpace, T>(where, blocks, geo);
     detail::AttentionKernels<ExecSpace, T, Blocks>::forward(exec, q, k, v, o, lse, geo, blocks, opts);
@@ -416,34 +372,35 @@ template <class ExecSpace, class Q, class K, class V, class O, class Lse>
 void attention_forward(const ExecSpace& exec, const Q& q, const K& k, const V& v, const O& o,
                        const Lse& lse, const AttentionOptions& opts = {}) {
   attention_forward(exec, q, k, v, o, lse, opts,
-                    detail::dense_blocks<ExecSpace, detail::scalar_of<Q>>(q, k, opts));
+                    detail::dense_blocks<ExecSpace, longattn::scalar_of<Q>>(q, k, opts));
 }
 
 // ---------------------------------------------------------------------------------------------
-template <class ExecSpace, class Q, class K, class V, class O, class DO, class Lse, class DQ,
-          class DK, class DV, class Blocks>
-void attention_backward(const ExecSpace& exec, const Q& q, const K& k, const V& v, const O& o,
-                        const DO& d_o, const Lse& lse, const DQ& dq, const DK& dk, const DV& dv,
-                        const AttentionOptions& opts, const Blocks& blocks) {
-  using T = detail::scalar_of<Q>;
+// `on`: an execution space instance, or an ExecutionContext whose pool Delta comes from.
+template <class On, class Q, class K, class V, class O, class DO, class Lse, class DQ, class DK, class DV,
+          class Blocks>
+void attention_backward(const On& on, const Q& q, const K& k, const V& v, const O& o, const DO& d_o, const Lse& lse,
+                        const DQ& dq, const DK& dk, const DV& dv, const AttentionOptions& opts, const Blocks& blocks) {
+  using ExecSpace = execution_space_of<On>;
+  using T = longattn::scalar_of<Q>;
   const char* where = "longattn::attention_backward";
-  const detail::AttentionGeometry geo =
-      detail::check_backward<ExecSpace, T>(where, q, k, v, o, d_o, lse, dq, dk, dv, opts);
+  const AttentionGeometry geo =
+      check_attention_backward<ExecSpace, T>(where, q, k, v, o, d_o, lse, dq, dk, dv, opts);
 
   if constexpr (detail::runnable_attention<T, Lse, K, V, O, DO, DQ, DK, DV>) {
     detail::check_blocks<ExecSpace, T>(where, blocks, geo);
-    detail::AttentionKernels<ExecSpace, T, Blocks>::backward(exec, q, k, v, o, d_o, lse, dq, dk, dv, geo, blocks,
-                                                             opts);
+    const auto& context = context_of(on);
+    using Kernels = detail::AttentionKernels<ExecSpace, T, Blocks>;
+    const auto delta = context.template allocate<typename Kernels::Delta>(geo.batch, geo.heads, geo.queries);
+    Kernels::backward(context.exec(), q, k, v, o, d_o, lse, dq, dk, dv, delta.view(), geo, blocks, opts);
   }
 }
 
-template <class ExecSpace, class Q, class K, class V, class O, class DO, class Lse, class DQ,
-          class DK, class DV>
-void attention_backward(const ExecSpace& exec, const Q& q, const K& k, const V& v, const O& o,
-                        const DO& d_o, const Lse& lse, const DQ& dq, const DK& dk, const DV& dv,
-                        const AttentionOptions& opts = {}) {
-  attention_backward(exec, q, k, v, o, d_o, lse, dq, dk, dv, opts,
-                     detail::dense_blocks<ExecSpace, detail::scalar_of<Q>>(q, k, opts));
+template <class On, class Q, class K, class V, class O, class DO, class Lse, class DQ, class DK, class DV>
+void attention_backward(const On& on, const Q& q, const K& k, const V& v, const O& o, const DO& d_o, const Lse& lse,
+                        const DQ& dq, const DK& dk, const DV& dv, const AttentionOptions& opts = {}) {
+  attention_backward(on, q, k, v, o, d_o, lse, dq, dk, dv, opts,
+                     detail::dense_blocks<execution_space_of<On>, longattn::scalar_of<Q>>(q, k, opts));
 }
 
 }  // namespace longattn

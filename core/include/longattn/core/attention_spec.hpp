@@ -10,8 +10,9 @@
 //   auto                                    dense up to auto_dense_max_tokens, else dilated with
 //                                           w_i = 2048 * 2^i, r_i = 2^i up to the first w_i >= N
 //
-// run_attention_forward / run_attention_backward run the attention a spec names on [B, N, H, D]
-// views, so a module holds one AttentionSpec instead of branching on kinds.
+// Text is parsed once, where it enters (a command line, a JSON file, make_multihead_attention),
+// into an AttentionSpec; everything below takes the typed spec. A runner (attention_runner.hpp)
+// runs the attention a spec names.
 #pragma once
 
 #include <algorithm>
@@ -22,7 +23,6 @@
 #include <string>
 #include <vector>
 
-#include "longattn/core/attention.hpp"
 #include "longattn/core/block_sparse_patterns.hpp"
 #include "longattn/core/dilated_attention.hpp"
 #include "longattn/error.hpp"
@@ -35,6 +35,15 @@ struct AttentionSpec {
   DilatedConfig dilated;            // for Kind::dilated
   BlockSparseConfig block_sparse;   // for Kind::block_sparse
 };
+
+inline bool operator==(const AttentionSpec& a, const AttentionSpec& b) {
+  switch (a.kind) {
+    case AttentionSpec::Kind::dilated: return b.kind == a.kind && a.dilated == b.dilated;
+    case AttentionSpec::Kind::block_sparse: return b.kind == a.kind && a.block_sparse == b.block_sparse;
+    default: return b.kind == a.kind;
+  }
+}
+inline bool operator!=(const AttentionSpec& a, const AttentionSpec& b) { return !(a == b); }
 
 // auto: sequences up to this many tokens run dense attention.
 inline constexpr std::int64_t auto_dense_max_tokens = 8192;
@@ -264,32 +273,6 @@ inline AttentionSpec resolve_attention_spec(const AttentionSpec& spec, std::int6
     if (w >= tokens) break;
   }
   return out;
-}
-
-template <class ExecSpace, class Q, class K, class V, class O, class Lse>
-void run_attention_forward(const ExecSpace& exec, const AttentionSpec& spec, const Q& q, const K& k, const V& v,
-                           const O& o, const Lse& lse, const AttentionOptions& opts = {}) {
-  const AttentionSpec concrete = resolve_attention_spec(spec, q.extent(1));
-  if (concrete.kind == AttentionSpec::Kind::dilated)
-    dilated_attention_forward(exec, q, k, v, o, lse, concrete.dilated, opts);
-  else if (concrete.kind == AttentionSpec::Kind::block_sparse)
-    attention_forward(exec, q, k, v, o, lse, opts, block_sparse_layout(exec, concrete.block_sparse, q, k, opts.causal));
-  else
-    attention_forward(exec, q, k, v, o, lse, opts);
-}
-
-template <class ExecSpace, class Q, class K, class V, class O, class DO, class Lse, class DQ, class DK, class DV>
-void run_attention_backward(const ExecSpace& exec, const AttentionSpec& spec, const Q& q, const K& k, const V& v,
-                            const O& o, const DO& d_o, const Lse& lse, const DQ& dq, const DK& dk, const DV& dv,
-                            const AttentionOptions& opts = {}) {
-  const AttentionSpec concrete = resolve_attention_spec(spec, q.extent(1));
-  if (concrete.kind == AttentionSpec::Kind::dilated)
-    dilated_attention_backward(exec, q, k, v, o, d_o, lse, dq, dk, dv, concrete.dilated, opts);
-  else if (concrete.kind == AttentionSpec::Kind::block_sparse)
-    attention_backward(exec, q, k, v, o, d_o, lse, dq, dk, dv, opts,
-                       block_sparse_layout(exec, concrete.block_sparse, q, k, opts.causal));
-  else
-    attention_backward(exec, q, k, v, o, d_o, lse, dq, dk, dv, opts);
 }
 
 }  // namespace longattn

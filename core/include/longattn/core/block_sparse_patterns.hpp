@@ -29,6 +29,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <memory>
+#include <mutex>
 #include <random>
 #include <string>
 #include <type_traits>
@@ -36,7 +38,7 @@
 
 #include "longattn/core/attention.hpp"
 #include "longattn/core/block_sparse_layout.hpp"
-#include "longattn/core/workspace.hpp"
+#include "longattn/core/execution_context.hpp"
 #include "longattn/error.hpp"
 
 namespace longattn {
@@ -65,6 +67,20 @@ struct BlockSparseConfig {
   std::uint64_t seed = 0;            // random
   std::int64_t top_k = 0;            // top_k: key blocks per query block
 };
+
+// Equal when they name the same blocks: the pattern and the fields it reads.
+inline bool operator==(const BlockSparseConfig& a, const BlockSparseConfig& b) {
+  if (a.pattern != b.pattern) return false;
+  switch (a.pattern) {
+    case BlockSparsePattern::full: return true;
+    case BlockSparsePattern::local_window: return a.radius == b.radius;
+    case BlockSparsePattern::dilated: return a.rates == b.rates;
+    case BlockSparsePattern::global_local: return a.global_tokens == b.global_tokens && a.radius == b.radius;
+    case BlockSparsePattern::random: return a.density == b.density && a.seed == b.seed;
+    case BlockSparsePattern::top_k: return a.top_k == b.top_k;
+  }
+  return false;
+}
 
 inline void validate_block_sparse_config(const BlockSparseConfig& config, const std::string& where) {
   switch (config.pattern) {
@@ -295,10 +311,14 @@ KOKKOS_INLINE_FUNCTION void sort_ascending(int* values, int size) {
 // Content-adaptive top-k: row (b, h, qb) keeps min(top_k, allowed) key blocks, allowed = all key
 // blocks, or those up to the diagonal when causal: the diagonal and the top_k - 1 others with the
 // largest pooled score. q and k are [B, N, H, D] (Nq = Nk); the layout has a pattern per (b, h).
-// Cost: B H (N / block)^2 D multiply-adds for the scores, plus the transpose.
-template <class ExecSpace, class Q, class K>
-BlockSparseLayout<ExecSpace> top_k_layout(const ExecSpace& exec, const Q& q, const K& k, std::int64_t top_k,
-                                          bool causal) {
+// Cost: B H (N / block)^2 D multiply-adds for the scores, plus the transpose. `on`: an instance,
+// or an ExecutionContext whose pool the pooled blocks and scores come from.
+template <class On, class Q, class K>
+BlockSparseLayout<execution_space_of<On>> top_k_layout(const On& on, const Q& q, const K& k, std::int64_t top_k,
+                                                       bool causal) {
+  using ExecSpace = execution_space_of<On>;
+  const auto& context = context_of(on);
+  const ExecSpace& exec = context.exec();
   using T = std::remove_const_t<typename Q::value_type>;
   using Memory = typename ExecSpace::memory_space;
   const char* where = "longattn::top_k_layout";
@@ -311,7 +331,7 @@ BlockSparseLayout<ExecSpace> top_k_layout(const ExecSpace& exec, const Q& q, con
   detail::check_view<ExecSpace, T>(where, "k", k);
   require(top_k > 0, where, "top_k", top_k, "at least 1 key block per query block");
   const std::int64_t B = q.extent(0), N = q.extent(1), H = q.extent(2), D = q.extent(3);
-  detail::check_extents(where, "k", k, {B, N, H, D}, "the extents of q: top-k needs Nq = Nk");
+  longattn::check_extents(where, "k", k, {B, N, H, D}, "the extents of q: top-k needs Nq = Nk");
   require(D > 0, where, "q.extent(3)", D, "a head dim of at least 1");
   BlockSparseShape shape;
   if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) shape.block = attention_block_size<ExecSpace, T>();
@@ -339,9 +359,9 @@ BlockSparseLayout<ExecSpace> top_k_layout(const ExecSpace& exec, const Q& q, con
 
   if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
     const std::int64_t rows = shape.rows();
-    const auto pooled_q_memory = detail::allocate_workspace<Kokkos::View<T**, Memory>>(rows, D);
-    const auto pooled_k_memory = detail::allocate_workspace<Kokkos::View<T**, Memory>>(rows, D);
-    const auto scores_memory = detail::allocate_workspace<Kokkos::View<T*, Memory>>(offsets.back());
+    const auto pooled_q_memory = context.template allocate<Kokkos::View<T**, Memory>>(rows, D);
+    const auto pooled_k_memory = context.template allocate<Kokkos::View<T**, Memory>>(rows, D);
+    const auto scores_memory = context.template allocate<Kokkos::View<T*, Memory>>(offsets.back());
     const auto pooled_q = pooled_q_memory.view();
     const auto pooled_k = pooled_k_memory.view();
     const auto scores = scores_memory.view();
@@ -401,18 +421,99 @@ BlockSparseLayout<ExecSpace> block_sparse_layout(const ExecSpace& exec, const Bl
   throw_invalid_argument(where, "config.pattern", "top_k", "a fixed pattern (top_k chooses blocks from q and k)");
 }
 
-// The layout a config names, for attention of q against k.
-template <class ExecSpace, class Q, class K>
-BlockSparseLayout<ExecSpace> block_sparse_layout(const ExecSpace& exec, const BlockSparseConfig& config, const Q& q,
-                                                 const K& k, bool causal) {
+// The layout a config names, for attention of q against k (`on` as for top_k_layout).
+template <class On, class Q, class K>
+BlockSparseLayout<execution_space_of<On>> block_sparse_layout(const On& on, const BlockSparseConfig& config, const Q& q,
+                                                              const K& k, bool causal) {
+  using ExecSpace = execution_space_of<On>;
   validate_block_sparse_config(config, "longattn::block_sparse_layout");
-  if (config.pattern == BlockSparsePattern::top_k) return top_k_layout(exec, q, k, config.top_k, causal);
+  if (config.pattern == BlockSparsePattern::top_k) return top_k_layout(on, q, k, config.top_k, causal);
+  const auto& context = context_of(on);  // a temporary for an instance: kept alive by the reference
+  const ExecSpace& exec = context.exec();
   using T = std::remove_const_t<typename Q::value_type>;
   BlockSparseShape shape;
   if constexpr (detail::attention_scalar<T>) shape.block = attention_block_size<ExecSpace, T>();
   shape.queries = q.extent(1);
   shape.keys = k.extent(1);
   return block_sparse_layout(exec, config, shape, causal);
+}
+
+// Layouts of fixed patterns depend on the shape and the pattern only: a model's layers and
+// steps use the same few. BlockSparseLayoutCache builds each (config, shape, causal) once and
+// hands out the same layout after (a layout is a handle: copies share its memory). Thread-safe;
+// at most `capacity` layouts, the least recently used going first. top_k layouts depend on q and
+// k and are never cached.
+template <class ExecSpace>
+class BlockSparseLayoutCache {
+ public:
+  explicit BlockSparseLayoutCache(std::size_t capacity = 32) : capacity_(capacity) {
+    require(capacity > 0, "longattn::BlockSparseLayoutCache", "capacity", capacity, "at least 1 layout");
+  }
+
+  // The layout block_sparse_layout(exec, config, shape, causal) returns, built on the first call
+  // (then fenced, so that every instance may use it) and shared after.
+  BlockSparseLayout<ExecSpace> get(const ExecSpace& exec, const BlockSparseConfig& config,
+                                   const BlockSparseShape& shape, bool causal) {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    ++tick_;
+    for (Entry& e : entries_)
+      if (e.causal == causal && e.config == config && same_shape(e.shape, shape)) {
+        e.used = tick_;
+        return e.layout;
+      }
+    Entry entry{config, shape, causal, block_sparse_layout(exec, config, shape, causal), tick_};
+    exec.fence();
+    if (entries_.size() == capacity_)
+      entries_.erase(std::min_element(entries_.begin(), entries_.end(),
+                                      [](const Entry& a, const Entry& b) { return a.used < b.used; }));
+    entries_.push_back(entry);
+    ++builds_;
+    return entry.layout;
+  }
+
+  std::size_t builds() const {  // layouts built so far
+    const std::lock_guard<std::mutex> lock(mutex_);
+    return builds_;
+  }
+  std::size_t size() const {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    return entries_.size();
+  }
+  void clear() {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    entries_.clear();
+  }
+
+ private:
+  struct Entry {
+    BlockSparseConfig config;
+    BlockSparseShape shape;
+    bool causal;
+    BlockSparseLayout<ExecSpace> layout;
+    std::uint64_t used;
+  };
+  static bool same_shape(const BlockSparseShape& a, const BlockSparseShape& b) {
+    return a.block == b.block && a.queries == b.queries && a.keys == b.keys && a.batch == b.batch &&
+           a.heads == b.heads;
+  }
+
+  std::size_t capacity_;
+  mutable std::mutex mutex_;
+  std::vector<Entry> entries_;
+  std::uint64_t tick_ = 0;
+  std::size_t builds_ = 0;
+};
+
+// The cache LocalAttention uses unless given another: one per execution space, made on first
+// use and emptied at Kokkos::finalize (its layouts hold memory of the space).
+template <class ExecSpace>
+const std::shared_ptr<BlockSparseLayoutCache<ExecSpace>>& shared_block_sparse_layouts() {
+  static const auto cache = [] {
+    auto made = std::make_shared<BlockSparseLayoutCache<ExecSpace>>();
+    Kokkos::push_finalize_hook([made] { made->clear(); });
+    return made;
+  }();
+  return cache;
 }
 
 }  // namespace longattn

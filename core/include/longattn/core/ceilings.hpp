@@ -115,11 +115,11 @@ Rate measure_sgemm(const ExecSpace& exec, int n = 2048, double min_seconds = 0.5
                          b(i, j) = static_cast<float>((i * 11 + j * 5) % 19) * 0.0625f - 0.5f;
                        });
   exec.fence();
-  gemm("N", "N", 1.0f, a, b, 0.0f, c);
+  gemm(exec, "N", "N", 1.0f, a, b, 0.0f, c);
   exec.fence();
   const double flops_per_call = 2.0 * double(n) * double(n) * double(n);
   return detail::time_until(min_seconds, flops_per_call, 1, [&](std::int64_t calls) {
-    for (std::int64_t i = 0; i < calls; ++i) gemm("N", "N", 1.0f, a, b, 0.0f, c);
+    for (std::int64_t i = 0; i < calls; ++i) gemm(exec, "N", "N", 1.0f, a, b, 0.0f, c);
     exec.fence();
   });
 }

@@ -36,7 +36,7 @@
 
 #include "longattn/core/attention.hpp"
 #include "longattn/core/merge_partial.hpp"
-#include "longattn/core/workspace.hpp"
+#include "longattn/core/execution_context.hpp"
 #include "longattn/error.hpp"
 
 namespace longattn {
@@ -48,6 +48,10 @@ struct DilatedConfig {
   std::vector<std::int64_t> dilation_rates;   // r_i, dividing w_i
   DilatedMode mode = DilatedMode::longnet;
 };
+
+inline bool operator==(const DilatedConfig& a, const DilatedConfig& b) {
+  return a.segment_lengths == b.segment_lengths && a.dilation_rates == b.dilation_rates && a.mode == b.mode;
+}
 
 inline const char* to_string(DilatedMode mode) {
   return mode == DilatedMode::longnet ? "longnet" : "head_groups";
@@ -75,18 +79,23 @@ inline void validate_dilated_config(const DilatedConfig& config, int heads, cons
             "at least " + std::to_string(count) + " (one per configuration in head_groups mode)");
 }
 
-namespace detail {
+// The building blocks dilated attention is made of, public for code that composes them with
+// its own communication (distributed dilated attention, parallel/dilated_attention.hpp): the
+// passes of a configuration, the segment runs of a pass, and strided views of the tokens a run
+// selects.
+namespace dilated {
 
 // One pass of the pattern: configuration (w, r), the token offset inside each segment, the
 // heads it covers (first, first + step, ..., count of them).
-struct DilatedPass {
+struct Pass {
   int config;
   std::int64_t segment, rate, offset;
   int head_first, head_step, head_count;
 };
 
-inline std::vector<DilatedPass> dilated_passes(const DilatedConfig& config, int heads) {
-  std::vector<DilatedPass> passes;
+// Every pass of `config` for `heads` heads, in configuration order.
+inline std::vector<Pass> passes(const DilatedConfig& config, int heads) {
+  std::vector<Pass> passes;
   const int count = static_cast<int>(config.segment_lengths.size());
   int group_first = 0;
   for (int i = 0; i < count; ++i) {
@@ -110,7 +119,7 @@ struct SegmentRun {
   std::int64_t first, segments, tokens;
 };
 
-inline std::vector<SegmentRun> segment_runs(const DilatedPass& pass, std::int64_t tokens) {
+inline std::vector<SegmentRun> segment_runs(const Pass& pass, std::int64_t tokens) {
   std::vector<SegmentRun> runs;
   const std::int64_t full = tokens / pass.segment, tail = tokens - full * pass.segment;
   if (full > 0) runs.push_back({0, full, pass.segment / pass.rate});
@@ -128,7 +137,7 @@ using StridedRows = Kokkos::View<typename View::value_type***, Kokkos::LayoutStr
 // x [B, N, H, D] -> the run's tokens of batch entry b and the pass's heads, as
 // [segments, selected tokens, heads, D]: a view, no copy.
 template <class View>
-StridedView<View> select_tokens(const View& x, int b, const DilatedPass& pass, const SegmentRun& run) {
+StridedView<View> select_tokens(const View& x, int b, const Pass& pass, const SegmentRun& run) {
   const std::size_t token_stride = x.stride(1);
   return StridedView<View>(&x(b, run.first + pass.offset, pass.head_first, 0),
                            Kokkos::LayoutStride(run.segments, pass.segment * token_stride, run.tokens,
@@ -138,7 +147,7 @@ StridedView<View> select_tokens(const View& x, int b, const DilatedPass& pass, c
 
 // lse [B, H, N] -> the same selection as [segments, heads, selected tokens].
 template <class View>
-StridedRows<View> select_rows(const View& lse, int b, const DilatedPass& pass, const SegmentRun& run) {
+StridedRows<View> select_rows(const View& lse, int b, const Pass& pass, const SegmentRun& run) {
   const std::size_t token_stride = lse.stride(2);
   return StridedRows<View>(&lse(b, pass.head_first, run.first + pass.offset),
                            Kokkos::LayoutStride(run.segments, pass.segment * token_stride, pass.head_count,
@@ -148,15 +157,15 @@ StridedRows<View> select_rows(const View& lse, int b, const DilatedPass& pass, c
 
 // Calls f(pass, run, b) for every pass, batch entry and segment run, in pass order.
 template <class F>
-void for_each_dilated_run(const std::vector<DilatedPass>& passes, int batch, std::int64_t tokens, F&& f) {
-  for (const DilatedPass& pass : passes)
+void for_each_run(const std::vector<Pass>& passes, int batch, std::int64_t tokens, F&& f) {
+  for (const Pass& pass : passes)
     for (const SegmentRun& run : segment_runs(pass, tokens))
       for (int b = 0; b < batch; ++b) f(pass, run, b);
 }
 
 // The checks dilated attention adds to the kernel's: one sequence, positions from 0, a valid
 // configuration for these heads.
-inline void check_dilated(const char* where, const AttentionGeometry& geo, const DilatedConfig& config) {
+inline void check_config(const char* where, const AttentionGeometry& geo, const DilatedConfig& config) {
   require(geo.keys == geo.queries, where, "k.extent(1)", geo.keys,
           std::to_string(geo.queries) + " (q's token count: dilated attention is self-attention over one sequence)");
   require(geo.query_offset == 0, where, "opts.query_offset", geo.query_offset, "0 (segments start at token 0)");
@@ -171,7 +180,7 @@ inline AttentionOptions pass_options(const AttentionOptions& opts, const Dilated
   return pass;
 }
 
-}  // namespace detail
+}  // namespace dilated
 
 // Bytes the forward pass allocates (the partial output and LSE of longnet's merge).
 template <class T>
@@ -194,8 +203,8 @@ inline double dilated_attention_scores(std::int64_t tokens, int heads, const Dil
   require(heads >= 1, where, "heads", heads, "at least 1");
   validate_dilated_config(config, heads, where);
   double scores = 0;
-  for (const detail::DilatedPass& pass : detail::dilated_passes(config, heads))
-    for (const detail::SegmentRun& run : detail::segment_runs(pass, tokens)) {
+  for (const dilated::Pass& pass : dilated::passes(config, heads))
+    for (const dilated::SegmentRun& run : dilated::segment_runs(pass, tokens)) {
       const double n = double(run.tokens);
       scores += double(run.segments) * pass.head_count * (causal ? n * (n + 1) / 2 : n * n);
     }
@@ -203,16 +212,20 @@ inline double dilated_attention_scores(std::int64_t tokens, int heads, const Dil
 }
 
 // ---------------------------------------------------------------------------------------------
-template <class ExecSpace, class Q, class K, class V, class O, class Lse>
-void dilated_attention_forward(const ExecSpace& exec, const Q& q, const K& k, const V& v, const O& o,
-                               const Lse& lse, const DilatedConfig& config, const AttentionOptions& opts = {}) {
-  using T = detail::scalar_of<Q>;
+// `on`: an execution space instance, or an ExecutionContext whose pool the partial results come from.
+template <class On, class Q, class K, class V, class O, class Lse>
+void dilated_attention_forward(const On& on, const Q& q, const K& k, const V& v, const O& o, const Lse& lse,
+                               const DilatedConfig& config, const AttentionOptions& opts = {}) {
+  using ExecSpace = execution_space_of<On>;
+  using T = longattn::scalar_of<Q>;
   const char* where = "longattn::dilated_attention_forward";
-  const detail::AttentionGeometry geo = detail::check_forward<ExecSpace, T>(where, q, k, v, o, lse, opts);
-  detail::check_dilated(where, geo, config);
+  const AttentionGeometry geo = check_attention_forward<ExecSpace, T>(where, q, k, v, o, lse, opts);
+  dilated::check_config(where, geo, config);
   if constexpr (detail::runnable_attention<T, Lse, K, V, O>) {
-    const std::vector<detail::DilatedPass> passes = detail::dilated_passes(config, geo.heads);
-    const AttentionOptions pass_opts = detail::pass_options(opts, config);
+    const auto& context = context_of(on);
+    const ExecSpace& exec = context.exec();
+    const std::vector<dilated::Pass> passes = dilated::passes(config, geo.heads);
+    const AttentionOptions pass_opts = dilated::pass_options(opts, config);
     // longnet's first configuration and every head group write o and lse directly; (token, head)
     // pairs they leave unselected (r > 1) start as "no key seen": o = 0, lse = -inf.
     bool unselected = config.dilation_rates[0] > 1;
@@ -227,25 +240,25 @@ void dilated_attention_forward(const ExecSpace& exec, const Q& q, const K& k, co
     memory::PooledView<Kokkos::View<T****, Kokkos::LayoutRight, Memory>> o_part_memory;
     memory::PooledView<Kokkos::View<accumulate_t<T>***, Kokkos::LayoutRight, Memory>> lse_part_memory;
     if (merged) {
-      o_part_memory = detail::allocate_workspace<Kokkos::View<T****, Kokkos::LayoutRight, Memory>>(
+      o_part_memory = context.template allocate<Kokkos::View<T****, Kokkos::LayoutRight, Memory>>(
           geo.batch, geo.queries, geo.heads, geo.head_dim);
-      lse_part_memory = detail::allocate_workspace<Kokkos::View<accumulate_t<T>***, Kokkos::LayoutRight, Memory>>(
+      lse_part_memory = context.template allocate<Kokkos::View<accumulate_t<T>***, Kokkos::LayoutRight, Memory>>(
           geo.batch, geo.heads, geo.queries);
     }
     const auto& o_part = o_part_memory.view();
     const auto& lse_part = lse_part_memory.view();
-    detail::for_each_dilated_run(passes, geo.batch, geo.queries, [&](const detail::DilatedPass& pass,
-                                                                     const detail::SegmentRun& run, int b) {
-      const auto q_run = detail::select_tokens(q, b, pass, run);
-      const auto k_run = detail::select_tokens(k, b, pass, run);
-      const auto v_run = detail::select_tokens(v, b, pass, run);
-      const auto o_run = detail::select_tokens(o, b, pass, run);
-      const auto lse_run = detail::select_rows(lse, b, pass, run);
+    dilated::for_each_run(passes, geo.batch, geo.queries, [&](const dilated::Pass& pass,
+                                                                     const dilated::SegmentRun& run, int b) {
+      const auto q_run = dilated::select_tokens(q, b, pass, run);
+      const auto k_run = dilated::select_tokens(k, b, pass, run);
+      const auto v_run = dilated::select_tokens(v, b, pass, run);
+      const auto o_run = dilated::select_tokens(o, b, pass, run);
+      const auto lse_run = dilated::select_rows(lse, b, pass, run);
       if (config.mode == DilatedMode::head_groups || pass.config == 0) {
         attention_forward(exec, q_run, k_run, v_run, o_run, lse_run, pass_opts);
       } else {
-        const auto o_part_run = detail::select_tokens(o_part, b, pass, run);
-        const auto lse_part_run = detail::select_rows(lse_part, b, pass, run);
+        const auto o_part_run = dilated::select_tokens(o_part, b, pass, run);
+        const auto lse_part_run = dilated::select_rows(lse_part, b, pass, run);
         attention_forward(exec, q_run, k_run, v_run, o_part_run, lse_part_run, pass_opts);
         merge_partial(exec, o_run, lse_run, o_part_run, lse_part_run);
       }
@@ -255,31 +268,34 @@ void dilated_attention_forward(const ExecSpace& exec, const Q& q, const K& k, co
 
 // Gradients of sum(d_o * o) for the o that dilated_attention_forward returned with this lse.
 // Written into dq, dk, dv, or added to them with opts.accumulate_gradients.
-template <class ExecSpace, class Q, class K, class V, class O, class DO, class Lse, class DQ, class DK, class DV>
-void dilated_attention_backward(const ExecSpace& exec, const Q& q, const K& k, const V& v, const O& o,
-                                const DO& d_o, const Lse& lse, const DQ& dq, const DK& dk, const DV& dv,
-                                const DilatedConfig& config, const AttentionOptions& opts = {}) {
-  using T = detail::scalar_of<Q>;
+template <class On, class Q, class K, class V, class O, class DO, class Lse, class DQ, class DK, class DV>
+void dilated_attention_backward(const On& on, const Q& q, const K& k, const V& v, const O& o, const DO& d_o,
+                                const Lse& lse, const DQ& dq, const DK& dk, const DV& dv, const DilatedConfig& config,
+                                const AttentionOptions& opts = {}) {
+  using ExecSpace = execution_space_of<On>;
+  using T = longattn::scalar_of<Q>;
   const char* where = "longattn::dilated_attention_backward";
-  const detail::AttentionGeometry geo =
-      detail::check_backward<ExecSpace, T>(where, q, k, v, o, d_o, lse, dq, dk, dv, opts);
-  detail::check_dilated(where, geo, config);
+  const AttentionGeometry geo =
+      check_attention_backward<ExecSpace, T>(where, q, k, v, o, d_o, lse, dq, dk, dv, opts);
+  dilated::check_config(where, geo, config);
   if constexpr (detail::runnable_attention<T, Lse, K, V, O, DO, DQ, DK, DV>) {
+    const auto& context = context_of(on);
+    const ExecSpace& exec = context.exec();
     if (!opts.accumulate_gradients) {
       Kokkos::deep_copy(exec, dq, T(0.0));
       Kokkos::deep_copy(exec, dk, T(0.0));
       Kokkos::deep_copy(exec, dv, T(0.0));
     }
-    AttentionOptions pass_opts = detail::pass_options(opts, config);
+    AttentionOptions pass_opts = dilated::pass_options(opts, config);
     pass_opts.accumulate_gradients = true;  // a token's passes sum their gradients
-    detail::for_each_dilated_run(
-        detail::dilated_passes(config, geo.heads), geo.batch, geo.queries,
-        [&](const detail::DilatedPass& pass, const detail::SegmentRun& run, int b) {
-          attention_backward(exec, detail::select_tokens(q, b, pass, run), detail::select_tokens(k, b, pass, run),
-                             detail::select_tokens(v, b, pass, run), detail::select_tokens(o, b, pass, run),
-                             detail::select_tokens(d_o, b, pass, run), detail::select_rows(lse, b, pass, run),
-                             detail::select_tokens(dq, b, pass, run), detail::select_tokens(dk, b, pass, run),
-                             detail::select_tokens(dv, b, pass, run), pass_opts);
+    dilated::for_each_run(
+        dilated::passes(config, geo.heads), geo.batch, geo.queries,
+        [&](const dilated::Pass& pass, const dilated::SegmentRun& run, int b) {
+          attention_backward(context, dilated::select_tokens(q, b, pass, run), dilated::select_tokens(k, b, pass, run),
+                             dilated::select_tokens(v, b, pass, run), dilated::select_tokens(o, b, pass, run),
+                             dilated::select_tokens(d_o, b, pass, run), dilated::select_rows(lse, b, pass, run),
+                             dilated::select_tokens(dq, b, pass, run), dilated::select_tokens(dk, b, pass, run),
+                             dilated::select_tokens(dv, b, pass, run), pass_opts);
         });
   }
 }

@@ -1,7 +1,11 @@
 #pragma once
 // longattn::gemm: C = alpha op(A) op(B) + beta C through Kokkos Kernels (OpenBLAS on the host,
-// cuBLAS on CUDA), with the shapes checked first so that a mismatch is a longattn::Error
-// naming the argument rather than an abort inside the BLAS.
+// cuBLAS on CUDA) on the caller's execution space instance, with the shapes checked first so
+// that a mismatch is a longattn::Error naming the argument rather than an abort inside the BLAS.
+//
+// Kokkos Kernels 4 runs it on that instance. Kokkos Kernels 3 has no instance argument and runs
+// on the space's default instance: there the call is fenced on both sides, so it is ordered
+// after the caller's earlier work on `exec` and before its later work (correct, not concurrent).
 #include <KokkosBlas2_gemv.hpp>
 #include <KokkosBlas3_gemm.hpp>
 #include <Kokkos_Core.hpp>
@@ -21,9 +25,31 @@ inline bool valid_trans(const char* t) {
 inline bool transposed(const char* t) { return t[0] != 'N' && t[0] != 'n'; }
 }  // namespace detail
 
-template <class AView, class BView, class CView>
-void gemm(const char* trans_a, const char* trans_b, typename CView::const_value_type alpha,
+namespace detail {
+#if defined(KOKKOSKERNELS_VERSION) && KOKKOSKERNELS_VERSION >= 40000
+inline constexpr bool blas_takes_instance = true;
+#else
+inline constexpr bool blas_takes_instance = false;
+#endif
+
+// Runs a Kokkos Kernels call on `exec`: call(exec) where the BLAS takes an instance, else
+// call() between fences (see above). `call` is a generic lambda forwarding its arguments first.
+template <class ExecSpace, class Call>
+void on_instance(const ExecSpace& exec, Call&& call) {
+  if constexpr (blas_takes_instance) {
+    call(exec);
+  } else {
+    exec.fence();
+    call();
+    ExecSpace().fence();
+  }
+}
+}  // namespace detail
+
+template <class ExecSpace, class AView, class BView, class CView>
+void gemm(const ExecSpace& exec, const char* trans_a, const char* trans_b, typename CView::const_value_type alpha,
           const AView& a, const BView& b, typename CView::const_value_type beta, const CView& c) {
+  static_assert(Kokkos::is_execution_space<ExecSpace>::value, "longattn::gemm(exec, ...): an execution space instance");
   static_assert(AView::rank == 2 && BView::rank == 2 && CView::rank == 2,
                 "longattn::gemm takes rank-2 views");
   const char* where = "longattn::gemm";
@@ -43,15 +69,15 @@ void gemm(const char* trans_a, const char* trans_b, typename CView::const_value_
   require(inner_b == inner_a, where, "B's inner extent", inner_b, expect("columns of op(A)", inner_a));
   require(c.extent(0) == rows_a, where, "C.extent(0)", c.extent(0), expect("rows of op(A)", rows_a));
   require(c.extent(1) == cols_b, where, "C.extent(1)", c.extent(1), expect("columns of op(B)", cols_b));
-  KokkosBlas::gemm(trans_a, trans_b, alpha, a, b, beta, c);
+  detail::on_instance(exec, [&](const auto&... space) { KokkosBlas::gemm(space..., trans_a, trans_b, alpha, a, b, beta, c); });
 }
 
 // sums[c] += sum_r a(r, c), for a contiguous LayoutRight [rows, cols] matrix (a bias gradient):
 // one gemv on the same memory read as the LayoutLeft [cols, rows] matrix a^T, which reaches the
 // BLAS (Kokkos Kernels' own transposed gemv over LayoutRight took 6% of a training step).
-// `ones` holds at least `rows` ones.
-template <class AView, class OnesView, class SumsView>
-void add_column_sums(const AView& a, const OnesView& ones, const SumsView& sums) {
+// `ones` holds at least `rows` ones. Runs on `exec` as gemm does.
+template <class ExecSpace, class AView, class OnesView, class SumsView>
+void add_column_sums(const ExecSpace& exec, const AView& a, const OnesView& ones, const SumsView& sums) {
   static_assert(AView::rank == 2 && OnesView::rank == 1 && SumsView::rank == 1,
                 "add_column_sums: a [rows, cols], ones [>= rows], sums [cols]");
   static_assert(std::is_same_v<typename AView::array_layout, Kokkos::LayoutRight>, "add_column_sums: a LayoutRight a");
@@ -67,7 +93,7 @@ void add_column_sums(const AView& a, const OnesView& ones, const SumsView& sums)
   const Kokkos::View<const T**, Kokkos::LayoutLeft, Memory, Unmanaged> transposed(a.data(), a.extent(1), a.extent(0));
   const Kokkos::View<const T*, Kokkos::LayoutLeft, Memory, Unmanaged> x(ones.data(), a.extent(0));
   const Kokkos::View<T*, Kokkos::LayoutLeft, Memory, Unmanaged> y(sums.data(), sums.extent(0));
-  KokkosBlas::gemv("N", T(1), transposed, x, T(1), y);
+  detail::on_instance(exec, [&](const auto&... space) { KokkosBlas::gemv(space..., "N", T(1), transposed, x, T(1), y); });
 }
 
 }  // namespace longattn

@@ -11,7 +11,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "longattn/core/attention.hpp"  // detail::check_extents, check_no_alias, scalar_of
+#include "longattn/core/attention.hpp"  // longattn::check_extents, check_no_alias, scalar_of
 #include "longattn/core/detail/eti.hpp"
 #include "longattn/error.hpp"
 #include "longattn/kokkos_compat.hpp"
@@ -144,16 +144,16 @@ bool row_major(const Matrices&... matrices) {
 template <class ExecSpace, class X, class Gamma, class Y, class Stats>
 void layer_norm_forward(const ExecSpace& exec, const X& x, const Gamma& gamma, const Gamma& beta, double eps,
                         const Y& y, const Stats& mean, const Stats& rstd) {
-  static_assert(std::is_same_v<detail::scalar_of<X>, detail::scalar_of<Y>> &&
-                    std::is_same_v<detail::scalar_of<X>, detail::scalar_of<Gamma>> &&
-                    std::is_same_v<detail::scalar_of<X>, detail::scalar_of<Stats>>,
+  static_assert(std::is_same_v<longattn::scalar_of<X>, longattn::scalar_of<Y>> &&
+                    std::is_same_v<longattn::scalar_of<X>, longattn::scalar_of<Gamma>> &&
+                    std::is_same_v<longattn::scalar_of<X>, longattn::scalar_of<Stats>>,
                 "layer_norm_forward: x, gamma, beta, y, mean and rstd hold one scalar type");
   const char* where = "longattn::layer_norm_forward";
   detail::check_layer_norm(where, x, gamma, mean, rstd);
-  detail::check_extents(where, "beta", beta, {std::int64_t(x.extent(1))}, "[E] of x");
-  detail::check_extents(where, "y", y, {std::int64_t(x.extent(0)), std::int64_t(x.extent(1))}, "the extents of x");
+  longattn::check_extents(where, "beta", beta, {std::int64_t(x.extent(1))}, "[E] of x");
+  longattn::check_extents(where, "y", y, {std::int64_t(x.extent(0)), std::int64_t(x.extent(1))}, "the extents of x");
   require(eps > 0 && std::isfinite(eps), where, "eps", eps, "a positive finite number");
-  using T = detail::scalar_of<Y>;
+  using T = longattn::scalar_of<Y>;
   const auto run = [&](auto kernels) {
     using K = decltype(kernels);
     K::forward(exec, K::template matrix<const T>(x), K::template vector<const T>(gamma),
@@ -167,22 +167,22 @@ void layer_norm_forward(const ExecSpace& exec, const X& x, const Gamma& gamma, c
 template <class ExecSpace, class DY, class X, class Gamma, class Stats, class DX, class DGamma>
 void layer_norm_backward(const ExecSpace& exec, const DY& dy, const X& x, const Gamma& gamma, const Stats& mean,
                          const Stats& rstd, const DX& dx, const DGamma& dgamma, const DGamma& dbeta) {
-  static_assert(std::is_same_v<detail::scalar_of<X>, detail::scalar_of<DY>> &&
-                    std::is_same_v<detail::scalar_of<X>, detail::scalar_of<Gamma>> &&
-                    std::is_same_v<detail::scalar_of<X>, detail::scalar_of<Stats>> &&
-                    std::is_same_v<detail::scalar_of<X>, detail::scalar_of<DX>> &&
-                    std::is_same_v<detail::scalar_of<X>, detail::scalar_of<DGamma>>,
+  static_assert(std::is_same_v<longattn::scalar_of<X>, longattn::scalar_of<DY>> &&
+                    std::is_same_v<longattn::scalar_of<X>, longattn::scalar_of<Gamma>> &&
+                    std::is_same_v<longattn::scalar_of<X>, longattn::scalar_of<Stats>> &&
+                    std::is_same_v<longattn::scalar_of<X>, longattn::scalar_of<DX>> &&
+                    std::is_same_v<longattn::scalar_of<X>, longattn::scalar_of<DGamma>>,
                 "layer_norm_backward: every view holds one scalar type");
   const char* where = "longattn::layer_norm_backward";
   detail::check_layer_norm(where, x, gamma, mean, rstd);
   const std::int64_t rows = x.extent(0), columns = x.extent(1);
-  detail::check_extents(where, "dy", dy, {rows, columns}, "the extents of x");
-  detail::check_extents(where, "dx", dx, {rows, columns}, "the extents of x");
-  detail::check_extents(where, "dgamma", dgamma, {columns}, "[E] of x");
-  detail::check_extents(where, "dbeta", dbeta, {columns}, "[E] of x");
+  longattn::check_extents(where, "dy", dy, {rows, columns}, "the extents of x");
+  longattn::check_extents(where, "dx", dx, {rows, columns}, "the extents of x");
+  longattn::check_extents(where, "dgamma", dgamma, {columns}, "[E] of x");
+  longattn::check_extents(where, "dbeta", dbeta, {columns}, "[E] of x");
   // dy is read again after dx is written (the parameter gradients).
-  detail::check_no_alias(where, "dx", dx, "dy", dy);
-  using T = detail::scalar_of<DX>;
+  longattn::check_no_alias(where, "dx", dx, "dy", dy);
+  using T = longattn::scalar_of<DX>;
   const auto run = [&](auto kernels) {
     using K = decltype(kernels);
     K::backward(exec, K::template matrix<const T>(dy), K::template matrix<const T>(x),

@@ -82,7 +82,7 @@ void merge_partial(const ExecSpace& exec, const O& o, const Lse& lse, const OPar
                    const LsePart& lse_part) {
   static_assert(O::rank == 4 && OPart::rank == 4, "o, o_part are rank-4 views [batch, tokens, heads, head dim]");
   static_assert(Lse::rank == 3 && LsePart::rank == 3, "lse, lse_part are rank-3 views [batch, heads, tokens]");
-  using T = detail::scalar_of<O>;
+  using T = longattn::scalar_of<O>;
   const char* where = "longattn::merge_partial";
   if constexpr (!detail::attention_scalar<T>)
     throw_invalid_argument(where, "o's value type", detail::scalar_name<T>(), "float, double, bfloat16 or float16");
@@ -91,16 +91,16 @@ void merge_partial(const ExecSpace& exec, const O& o, const Lse& lse, const OPar
   detail::check_view<ExecSpace, T>(where, "o_part", o_part, "o");
   detail::check_lse_view<ExecSpace, T>(where, "lse_part", lse_part, "o");
   const std::int64_t B = o.extent(0), N = o.extent(1), H = o.extent(2), D = o.extent(3);
-  detail::check_extents(where, "lse", lse, {B, H, N}, "[batch, heads, tokens] of o");
-  detail::check_extents(where, "o_part", o_part, {B, N, H, D}, "the extents of o");
-  detail::check_extents(where, "lse_part", lse_part, {B, H, N}, "the extents of lse");
-  detail::check_no_alias(where, "o", o, "o_part", o_part);
-  detail::check_no_alias(where, "o", o, "lse_part", lse_part);
-  detail::check_no_alias(where, "o", o, "lse", lse);
-  detail::check_no_alias(where, "lse", lse, "o_part", o_part);
-  detail::check_no_alias(where, "lse", lse, "lse_part", lse_part);
+  longattn::check_extents(where, "lse", lse, {B, H, N}, "[batch, heads, tokens] of o");
+  longattn::check_extents(where, "o_part", o_part, {B, N, H, D}, "the extents of o");
+  longattn::check_extents(where, "lse_part", lse_part, {B, H, N}, "the extents of lse");
+  longattn::check_no_alias(where, "o", o, "o_part", o_part);
+  longattn::check_no_alias(where, "o", o, "lse_part", lse_part);
+  longattn::check_no_alias(where, "o", o, "lse", lse);
+  longattn::check_no_alias(where, "lse", lse, "o_part", o_part);
+  longattn::check_no_alias(where, "lse", lse, "lse_part", lse_part);
   if (B * N * H * D == 0) return;
-  if constexpr (detail::runnable_attention<T, Lse, OPart> && std::is_same_v<detail::scalar_of<LsePart>, accumulate_t<T>>) {
+  if constexpr (detail::runnable_attention<T, Lse, OPart> && std::is_same_v<longattn::scalar_of<LsePart>, accumulate_t<T>>) {
     detail::MergePartialKernels<ExecSpace, T>::run(exec, o, lse, o_part, lse_part);
   }
 }

@@ -14,8 +14,10 @@
 // forward() keeps the activations backward() needs (Q, K, V, A, LSE, Z and the LayerNorm
 // statistics: activation_bytes()), and a handle to x: x must be unchanged until backward().
 // backward() writes dx and adds the parameters' gradients into gradients() (zero_gradients()
-// clears them), so micro-batches accumulate. Projections are Kokkos Kernels gemm calls; the
-// module runs on the default instance of ExecSpace. Inputs are contiguous LayoutRight views.
+// clears them), so micro-batches accumulate. Projections are Kokkos Kernels gemm calls. The
+// module runs in the ExecutionContext it is made with (execution_context.hpp): every kernel and
+// gemm on its instance, parameters, activations and workspaces from its pool (without one: the
+// space's default instance and pool). Inputs are contiguous LayoutRight views.
 // set_attention_runner() replaces how the attention step runs (attention_runner.hpp): ring
 // attention over a context-parallel group, where x holds this rank's shard of the sequence.
 #pragma once
@@ -35,13 +37,13 @@
 #include "longattn/core/attention_spec.hpp"
 #include "longattn/core/gemm.hpp"
 #include "longattn/core/layer_norm.hpp"
-#include "longattn/core/workspace.hpp"
+#include "longattn/core/execution_context.hpp"
 #include "longattn/error.hpp"
 
 namespace longattn {
 
 struct MultiheadAttentionOptions {
-  std::string attention = "dense";  // an attention spec (attention_spec.hpp)
+  AttentionSpec attention;          // dense unless set (parse_attention_spec reads the text form)
   bool causal = false;
   bool sub_layer_norm = true;       // MAGNETO's LayerNorm before the output projection
   double layer_norm_eps = 1e-5;
@@ -49,11 +51,9 @@ struct MultiheadAttentionOptions {
   std::uint64_t seed = 0;           // weight initialization
 };
 
-namespace detail {
-
-// out[r][e] = bias[e] for every row (a free function: CUDA's extended lambdas may not live in
-// private members). A 2D range, columns fastest: vectorized rows on the host, coalesced on GPUs
-// (a flat index paid a division per element: 4% of a training step).
+// out[r][e] = bias[e] for every row of a [rows, E] matrix (the bias of a linear layer, before its
+// gemm with beta = 1). A 2D range, columns fastest: vectorized rows on the host, coalesced on
+// GPUs (a flat index paid a division per element: 4% of a training step).
 template <class ExecSpace, class Bias, class Out>
 void broadcast_rows(const ExecSpace& exec, const Bias& bias, const Out& out) {
   using Policy = Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2, Kokkos::Iterate::Right, Kokkos::Iterate::Right>,
@@ -64,8 +64,6 @@ void broadcast_rows(const ExecSpace& exec, const Bias& bias, const Out& out) {
       KOKKOS_LAMBDA(std::int64_t r, std::int64_t e) { out(r, e) = bias(e); });
 }
 
-}  // namespace detail
-
 template <class ExecSpace, class T = float>
 class MultiheadAttention {
   static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
@@ -74,6 +72,7 @@ class MultiheadAttention {
  public:
   using execution_space = ExecSpace;
   using memory_space = typename ExecSpace::memory_space;
+  using Context = ExecutionContext<ExecSpace>;
   using Tokens = Kokkos::View<T***, Kokkos::LayoutRight, memory_space>;  // [B, N, E]
   using ConstTokens = Kokkos::View<const T***, Kokkos::LayoutRight, memory_space>;
   using Flat = Kokkos::View<T*, memory_space>;
@@ -89,8 +88,9 @@ class MultiheadAttention {
     Vector ln_gamma, ln_beta;  // [E], or empty without the sub-LayerNorm
   };
 
-  MultiheadAttention(int embed_dim, int heads, const MultiheadAttentionOptions& options = {})
-      : embed_dim_(embed_dim), heads_(heads), options_(options), spec_(parse_attention_spec(options.attention)) {
+  MultiheadAttention(const Context& context, int embed_dim, int heads, const MultiheadAttentionOptions& options = {})
+      : context_(context), embed_dim_(embed_dim), heads_(heads), options_(options),
+        runner_(std::make_shared<LocalAttention<ExecSpace, T>>(options.attention, options.causal)) {
     const char* where = "longattn::MultiheadAttention";
     require(heads > 0, where, "heads", heads, "at least 1");
     require(embed_dim > 0 && embed_dim % heads == 0, where, "embed_dim", embed_dim,
@@ -101,14 +101,19 @@ class MultiheadAttention {
             options.layer_norm_eps, "a positive finite number");
     require(options.gamma_init > 0 && std::isfinite(options.gamma_init), where, "options.gamma_init",
             options.gamma_init, "a positive finite number");
-    if (spec_.kind == AttentionSpec::Kind::dilated) validate_dilated_config(spec_.dilated, heads, where);
-    parameters_ = detail::allocate_workspace<Flat>(parameter_count());
-    gradients_ = detail::allocate_workspace<Flat>(parameter_count());
+    if (options.attention.kind == AttentionSpec::Kind::dilated)
+      validate_dilated_config(options.attention.dilated, heads, where);
+    parameters_ = context_.template allocate<Flat>(parameter_count());
+    gradients_ = context_.template allocate<Flat>(parameter_count());
     weights_ = carve(parameters_);
     weight_gradients_ = carve(gradients_);
     initialize_parameters();
     zero_gradients();
   }
+
+  // In the space's default instance and pool.
+  MultiheadAttention(int embed_dim, int heads, const MultiheadAttentionOptions& options = {})
+      : MultiheadAttention(Context(), embed_dim, heads, options) {}
 
   MultiheadAttention(const MultiheadAttention&) = delete;  // parameters are owned, not shared
   MultiheadAttention& operator=(const MultiheadAttention&) = delete;
@@ -118,13 +123,19 @@ class MultiheadAttention {
   int embed_dim() const { return embed_dim_; }
   int heads() const { return heads_; }
   int head_dim() const { return embed_dim_ / heads_; }
-  const AttentionSpec& attention() const { return spec_; }
+  const AttentionSpec& attention() const { return options_.attention; }
   const MultiheadAttentionOptions& options() const { return options_; }
+  const Context& context() const { return context_; }
 
   using Runner = AttentionRunner<ExecSpace, T>;
+  // The runner must run this module's attention (spec and causal setting).
   void set_attention_runner(std::shared_ptr<Runner> runner) {
-    require(runner != nullptr, "longattn::MultiheadAttention::set_attention_runner", "runner", "nullptr",
-            "an AttentionRunner");
+    const char* where = "longattn::MultiheadAttention::set_attention_runner";
+    require(runner != nullptr, where, "runner", "nullptr", "an AttentionRunner");
+    require(runner->spec() == options_.attention, where, "runner->spec()", to_string(runner->spec()),
+            "the module's attention, " + to_string(options_.attention));
+    require(runner->causal() == options_.causal, where, "runner->causal()", runner->causal() ? "true" : "false",
+            std::string("the module's causal setting, ") + (options_.causal ? "true" : "false"));
     runner_ = std::move(runner);
   }
   const std::shared_ptr<Runner>& attention_runner() const { return runner_; }
@@ -133,13 +144,13 @@ class MultiheadAttention {
     const std::size_t E = embed_dim_;
     return 4 * E * E + 4 * E + (options_.sub_layer_norm ? 2 * E : 0);
   }
-  // Views of the module's memory (from the default pool): valid while the module lives.
+  // Views of the module's memory (from the context's pool): valid while the module lives.
   Flat parameters() const { return parameters_; }
   Flat gradients() const { return gradients_; }
   const Tensors& weights() const { return weights_; }
   const Tensors& weight_gradients() const { return weight_gradients_; }
 
-  void zero_gradients() { Kokkos::deep_copy(ExecSpace(), gradients_.view(), T(0)); }
+  void zero_gradients() { Kokkos::deep_copy(context_.exec(), gradients_.view(), T(0)); }
 
   // Bytes forward() keeps for backward() plus backward()'s own buffers, for B sequences of N tokens.
   std::size_t activation_bytes(int batch, std::int64_t tokens) const {
@@ -156,23 +167,22 @@ class MultiheadAttention {
     const char* where = "longattn::MultiheadAttention::forward";
     check_tokens(where, "x", x, x.extent(0), x.extent(1));
     check_tokens(where, "y", y, x.extent(0), x.extent(1));
-    detail::check_no_alias(where, "y", y, "x", x);
-    const ExecSpace exec;
+    check_no_alias(where, "y", y, "x", x);
+    const ExecSpace& exec = context_.exec();
     reserve(exec, int(x.extent(0)), std::int64_t(x.extent(1)));
     x_ = x;
     const auto x_rows = rows_of(x);
     // Q, K, V = x W_i^T + b_i: the bias broadcast into the output, then gemm with beta = 1.
     for (int i = 0; i < 3; ++i) {
-      detail::broadcast_rows(exec, slice(weights_.b_qkv, i), matrix(qkv_, i));
-      gemm("N", "T", T(1), x_rows, rows_block(weights_.w_qkv, i), T(1), matrix(qkv_, i));
+      broadcast_rows(exec, slice(weights_.b_qkv, i), matrix(qkv_, i));
+      gemm(exec, "N", "T", T(1), x_rows, rows_block(weights_.w_qkv, i), T(1), matrix(qkv_, i));
     }
-    runner_->forward(exec, spec_, heads_view(qkv_, 0), heads_view(qkv_, 1), heads_view(qkv_, 2),
-                     heads_view(attention_out_), lse_.view(), attention_options());
+    runner_->forward(context_, attention_inputs(), {heads_view(attention_out_), lse_.view()});
     if (options_.sub_layer_norm)
       layer_norm_forward(exec, matrix(attention_out_), weights_.ln_gamma, weights_.ln_beta, options_.layer_norm_eps,
                          matrix(normalized_), mean_.view(), rstd_.view());
-    detail::broadcast_rows(exec, weights_.b_out, rows_of(y));
-    gemm("N", "T", T(1), projection_input(), weights_.w_out, T(1), rows_of(y));
+    broadcast_rows(exec, weights_.b_out, rows_of(y));
+    gemm(exec, "N", "T", T(1), projection_input(), weights_.w_out, T(1), rows_of(y));
   }
 
   void backward(const ConstTokens& dy, const Tokens& dx) {
@@ -180,28 +190,27 @@ class MultiheadAttention {
     require(x_.size() > 0, where, "this", "a module without a forward pass", "forward() before backward()");
     check_tokens(where, "dy", dy, x_.extent(0), x_.extent(1));
     check_tokens(where, "dx", dx, x_.extent(0), x_.extent(1));
-    detail::check_no_alias(where, "dx", dx, "dy", dy);
-    detail::check_no_alias(where, "dx", dx, "x (of the forward pass)", x_);
-    const ExecSpace exec;
+    check_no_alias(where, "dx", dx, "dy", dy);
+    check_no_alias(where, "dx", dx, "x (of the forward pass)", x_);
+    const ExecSpace& exec = context_.exec();
     const auto dy_rows = rows_of(dy);
     const auto x_rows = rows_of(x_);
     const Tensors& grad = weight_gradients_;
     // Output projection: db_out += colsum(dy), dW_out += dy^T Z, dZ = dy W_out.
-    add_column_sums(dy_rows, ones_.view(), grad.b_out);
-    gemm("T", "N", T(1), dy_rows, projection_input(), T(1), grad.w_out);
-    gemm("N", "N", T(1), dy_rows, weights_.w_out, T(0), matrix(d_projection_));
+    add_column_sums(exec, dy_rows, ones_.view(), grad.b_out);
+    gemm(exec, "T", "N", T(1), dy_rows, projection_input(), T(1), grad.w_out);
+    gemm(exec, "N", "N", T(1), dy_rows, weights_.w_out, T(0), matrix(d_projection_));
     if (options_.sub_layer_norm)
       layer_norm_backward(exec, matrix(d_projection_), matrix(attention_out_), weights_.ln_gamma, mean_.view(),
                           rstd_.view(), matrix(d_attention_), grad.ln_gamma, grad.ln_beta);
     const auto& d_attention = options_.sub_layer_norm ? d_attention_ : d_projection_;
-    runner_->backward(exec, spec_, heads_view(qkv_, 0), heads_view(qkv_, 1), heads_view(qkv_, 2),
-                      heads_view(attention_out_), heads_view(d_attention), lse_.view(), heads_view(d_qkv_, 0),
-                      heads_view(d_qkv_, 1), heads_view(d_qkv_, 2), attention_options());
+    runner_->backward(context_, attention_inputs(), {heads_view(attention_out_), lse_.view()}, heads_view(d_attention),
+                      {heads_view(d_qkv_, 0), heads_view(d_qkv_, 1), heads_view(d_qkv_, 2)});
     // Projections: db_i += colsum(dQ_i), dW_i += dQ_i^T x, dx = sum_i dQ_i W_i.
     for (int i = 0; i < 3; ++i) {
-      add_column_sums(matrix(d_qkv_, i), ones_.view(), slice(grad.b_qkv, i));
-      gemm("T", "N", T(1), matrix(d_qkv_, i), x_rows, T(1), rows_block(grad.w_qkv, i));
-      gemm("N", "N", T(1), matrix(d_qkv_, i), rows_block(weights_.w_qkv, i), T(i == 0 ? 0 : 1), rows_of(dx));
+      add_column_sums(exec, matrix(d_qkv_, i), ones_.view(), slice(grad.b_qkv, i));
+      gemm(exec, "T", "N", T(1), matrix(d_qkv_, i), x_rows, T(1), rows_block(grad.w_qkv, i));
+      gemm(exec, "N", "N", T(1), matrix(d_qkv_, i), rows_block(weights_.w_qkv, i), T(i == 0 ? 0 : 1), rows_of(dx));
     }
   }
 
@@ -215,8 +224,8 @@ class MultiheadAttention {
   void check_tokens(const char* where, const char* name, const View& view, std::size_t batch, std::size_t tokens) const {
     const std::int64_t expected[3] = {std::int64_t(batch), std::int64_t(tokens), embed_dim_};
     require(view.extent(0) > 0 && view.extent(1) > 0, where, std::string(name) + "'s extents",
-            detail::extents_of(view), "[batch >= 1, tokens >= 1, embed_dim]");
-    detail::check_extents(where, name, view, expected, "[batch, tokens, embed_dim]");
+            extents_of(view), "[batch >= 1, tokens >= 1, embed_dim]");
+    check_extents(where, name, view, expected, "[batch, tokens, embed_dim]");
   }
 
   Tensors carve(const Flat& flat) const {
@@ -249,7 +258,8 @@ class MultiheadAttention {
       for (std::size_t i = 0; i < E; ++i) *p++ = T(1);
       for (std::size_t i = 0; i < E; ++i) *p++ = T(0);
     }
-    Kokkos::deep_copy(parameters_.view(), host);
+    Kokkos::deep_copy(context_.exec(), parameters_.view(), host);
+    context_.exec().fence();  // host is freed on return
   }
 
   // (Re)allocates the activations for B sequences of N tokens (the previous ones go back to the
@@ -263,25 +273,23 @@ class MultiheadAttention {
     lse_ = {};
     mean_ = rstd_ = ones_ = {};
     const std::size_t rows = std::size_t(batch) * tokens, E = embed_dim_;
-    qkv_ = detail::allocate_workspace<Projections>(3, rows, E);
-    attention_out_ = detail::allocate_workspace<Activations>(rows, E);
-    lse_ = detail::allocate_workspace<Kokkos::View<T***, memory_space>>(batch, heads_, tokens);
-    d_projection_ = detail::allocate_workspace<Activations>(rows, E);
-    d_qkv_ = detail::allocate_workspace<Projections>(3, rows, E);
-    ones_ = detail::allocate_workspace<RowValues>(rows);
+    qkv_ = context_.template allocate<Projections>(3, rows, E);
+    attention_out_ = context_.template allocate<Activations>(rows, E);
+    lse_ = context_.template allocate<Kokkos::View<T***, memory_space>>(batch, heads_, tokens);
+    d_projection_ = context_.template allocate<Activations>(rows, E);
+    d_qkv_ = context_.template allocate<Projections>(3, rows, E);
+    ones_ = context_.template allocate<RowValues>(rows);
     Kokkos::deep_copy(exec, ones_.view(), T(1));
     if (options_.sub_layer_norm) {
-      normalized_ = detail::allocate_workspace<Activations>(rows, E);
-      d_attention_ = detail::allocate_workspace<Activations>(rows, E);
-      mean_ = detail::allocate_workspace<RowValues>(rows);
-      rstd_ = detail::allocate_workspace<RowValues>(rows);
+      normalized_ = context_.template allocate<Activations>(rows, E);
+      d_attention_ = context_.template allocate<Activations>(rows, E);
+      mean_ = context_.template allocate<RowValues>(rows);
+      rstd_ = context_.template allocate<RowValues>(rows);
     }
   }
 
-  AttentionOptions attention_options() const {
-    AttentionOptions opts;
-    opts.causal = options_.causal;
-    return opts;
+  typename Runner::Inputs attention_inputs() const {
+    return {heads_view(qkv_, 0), heads_view(qkv_, 1), heads_view(qkv_, 2)};
   }
 
   Matrix projection_input() const { return matrix(options_.sub_layer_norm ? normalized_ : attention_out_); }
@@ -309,12 +317,12 @@ class MultiheadAttention {
   Heads heads_view(const Activations& a) const { return heads_view(a.data()); }
   Heads heads_view(const Projections& p, int i) const { return heads_view(p.data() + i * p.extent(1) * p.extent(2)); }
 
+  Context context_;
   int embed_dim_, heads_;
   MultiheadAttentionOptions options_;
-  AttentionSpec spec_;
+  std::shared_ptr<Runner> runner_;
   memory::PooledView<Flat> parameters_, gradients_;
   Tensors weights_, weight_gradients_;
-  std::shared_ptr<Runner> runner_ = std::make_shared<LocalAttention<ExecSpace, T>>();
 
   int batch_ = 0;
   std::int64_t tokens_ = 0;
@@ -325,13 +333,15 @@ class MultiheadAttention {
   memory::PooledView<RowValues> mean_, rstd_, ones_;
 };
 
-// The factory: a module running the attention `spec` names ("dense", "dilated:w=...;r=...",
-// "auto"); the other options as given.
+// The factory: a module running the attention the text `spec` names ("dense",
+// "dilated:w=...;r=...", "auto", "block_sparse:..."), parsed here once; the other options as
+// given; in `context` (default: the space's default instance and pool).
 template <class ExecSpace, class T = float>
 MultiheadAttention<ExecSpace, T> make_multihead_attention(const std::string& spec, int embed_dim, int heads,
-                                                          MultiheadAttentionOptions options = {}) {
-  options.attention = spec;
-  return MultiheadAttention<ExecSpace, T>(embed_dim, heads, options);
+                                                          MultiheadAttentionOptions options = {},
+                                                          const ExecutionContext<ExecSpace>& context = {}) {
+  options.attention = parse_attention_spec(spec);
+  return MultiheadAttention<ExecSpace, T>(context, embed_dim, heads, options);
 }
 
 }  // namespace longattn

@@ -7,8 +7,15 @@
 //   memory::PooledView<Kokkos::View<float**, Kokkos::LayoutRight>> a(pool, rows, cols);
 //   Kokkos::deep_copy(a.view(), 1.0f);
 //
-// Copies share the block (like View). The block keeps its pool alive, so a PooledView may
-// outlive every Pool handle. Contents are uninitialized, as with Kokkos::WithoutInitializing.
+// Ownership is the PooledView's, not the view's: copies of the PooledView share the block (like
+// View) and the block returns to the pool when the last of them goes, but a ViewType taken from
+// it (view(), the conversion) borrows, like std::string_view from a std::string: keep the
+// PooledView (a member, a local) while kernels use the view. Kokkos gives no public way to attach
+// a pool block to a View's own reference count, so the misuse that would dangle at once is
+// refused at compile time instead: view(), the conversion and data() exist only on a PooledView
+// that lives on (an lvalue), never on a temporary such as `PooledView<V>(pool, n).view()`.
+// The block keeps its pool alive, so a PooledView may outlive every Pool handle. Contents are
+// uninitialized, as with Kokkos::WithoutInitializing.
 #include <Kokkos_Core.hpp>
 
 #include <cstddef>
@@ -45,10 +52,14 @@ class PooledView {
     view_ = ViewType(static_cast<Value*>(block), std::size_t(extents)...);
   }
 
-  const ViewType& view() const noexcept { return view_; }
-  operator const ViewType&() const noexcept { return view_; }  // NOLINT: a PooledView is used as its view
+  const ViewType& view() const& noexcept { return view_; }
+  operator const ViewType&() const& noexcept { return view_; }  // NOLINT: a PooledView is used as its view
+  typename ViewType::pointer_type data() const& noexcept { return view_.data(); }
+  // A temporary's view would dangle when the statement ends: keep the PooledView instead.
+  const ViewType& view() const&& = delete;
+  operator const ViewType&() const&& = delete;
+  typename ViewType::pointer_type data() const&& = delete;
 
-  auto data() const noexcept { return view_.data(); }
   std::size_t size() const noexcept { return view_.size(); }
   template <class Rank>
   std::size_t extent(Rank r) const noexcept { return view_.extent(r); }

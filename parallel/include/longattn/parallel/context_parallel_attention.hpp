@@ -6,6 +6,10 @@
 //   auto runner = std::make_shared<parallel::ContextParallelAttention<Exec, float>>(exec, group, tokens, spec, causal);
 //   layer.set_attention_runner(runner);     // x holds the tokens of runner->segments()
 //
+// The runner is made for one attention (spec and causal setting: the module checks that they are
+// its own when given the runner) and one global length; it keeps the spec resolved for it and,
+// for ring attention, one plan (with the block-sparse layout) for every call.
+//
 //   dense, block_sparse   ring attention over a RingPlan made once here (zigzag sharding when
 //                         causal, so every rank has the same work; contiguous otherwise)
 //   dilated               distributed dilated attention (contiguous sharding: local segments stay
@@ -36,39 +40,44 @@ template <class ExecSpace, class T>
 class ContextParallelAttention final : public AttentionRunner<ExecSpace, T> {
  public:
   using Base = AttentionRunner<ExecSpace, T>;
+  using typename Base::Context;
+  using typename Base::Gradients;
   using typename Base::Heads;
-  using typename Base::Lse;
+  using typename Base::Inputs;
+  using typename Base::Outputs;
 
   // Collective over `group`: `tokens` is the global sequence length. ring.sharding is ignored
   // (the attention kind decides it, see above).
   ContextParallelAttention(const ExecSpace& exec, const Communicator& group, std::int64_t tokens,
                            const AttentionSpec& spec, bool causal, RingOptions ring = {})
-      : group_(group), tokens_(tokens), spec_(resolve_attention_spec(spec, tokens)) {
+      : group_(group), tokens_(tokens), spec_(spec), resolved_(resolve_attention_spec(spec, tokens)), causal_(causal) {
     const char* where = "longattn::parallel::ContextParallelAttention";
     const int block = attention_block_size<ExecSpace, T>();
-    if (spec_.kind == AttentionSpec::Kind::dilated) {
+    if (resolved_.kind == AttentionSpec::Kind::dilated) {
       sharding_ = Sharding::contiguous;
       group_.checked(where, [&] { segments_ = shard_segments(tokens, group.size(), group.rank(), sharding_, block); });
       return;
     }
     sharding_ = causal ? Sharding::zigzag : Sharding::contiguous;
     ring.sharding = sharding_;
-    if (spec_.kind == AttentionSpec::Kind::block_sparse) {
+    if (resolved_.kind == AttentionSpec::Kind::block_sparse) {
       group_.checked(where, [&] {
-        require(spec_.block_sparse.pattern != BlockSparsePattern::top_k, where, "spec", to_string(spec_),
+        require(resolved_.block_sparse.pattern != BlockSparsePattern::top_k, where, "spec", to_string(resolved_),
                 "a fixed block-sparse pattern (top_k needs the whole sequence's Q and K)");
       });
       BlockSparseShape shape;
       shape.block = block;
       shape.queries = shape.keys = tokens;
-      plan_.emplace(exec, group, block_sparse_layout(exec, spec_.block_sparse, shape, causal), causal, ring);
+      plan_.emplace(exec, group, block_sparse_layout(exec, resolved_.block_sparse, shape, causal), causal, ring);
     } else {
       plan_.emplace(group, tokens, block, causal, ring);
     }
     segments_ = plan_->segments();
   }
 
-  const AttentionSpec& spec() const { return spec_; }  // resolved
+  const AttentionSpec& spec() const override { return spec_; }  // as made
+  const AttentionSpec& resolved_spec() const { return resolved_; }  // for the global length
+  bool causal() const override { return causal_; }
   Sharding sharding() const { return sharding_; }
   std::int64_t tokens() const { return tokens_; }
   const std::vector<Segment>& segments() const { return segments_; }  // this rank's tokens, in local order
@@ -79,34 +88,27 @@ class ContextParallelAttention final : public AttentionRunner<ExecSpace, T> {
     if (plan_) plan_->reset_timings();
   }
 
-  // The module's spec must be the one this runner was made for.
-  void forward(const ExecSpace& exec, const AttentionSpec& spec, const Heads& q, const Heads& k, const Heads& v,
-               const Heads& o, const Lse& lse, const AttentionOptions& opts) override {
-    check_spec(spec, opts);
-    if (plan_) ring_attention_forward(exec, *plan_, q, k, v, o, lse, opts);
-    else dilated_attention_forward(exec, group_, q, k, v, o, lse, spec_.dilated, opts);
+  void forward(const Context& ctx, const Inputs& in, const Outputs& out) override {
+    if (plan_) ring_attention_forward(ctx, *plan_, in, out, options());
+    else dilated_attention_forward(ctx, group_, in, out, resolved_.dilated, options());
   }
-  void backward(const ExecSpace& exec, const AttentionSpec& spec, const Heads& q, const Heads& k, const Heads& v,
-                const Heads& o, const Heads& d_o, const Lse& lse, const Heads& dq, const Heads& dk, const Heads& dv,
-                const AttentionOptions& opts) override {
-    check_spec(spec, opts);
-    if (plan_) ring_attention_backward(exec, *plan_, q, k, v, o, d_o, lse, dq, dk, dv, opts);
-    else dilated_attention_backward(exec, group_, q, k, v, o, d_o, lse, dq, dk, dv, spec_.dilated, opts);
+  void backward(const Context& ctx, const Inputs& in, const Outputs& out, const Heads& d_o,
+                const Gradients& grad) override {
+    if (plan_) ring_attention_backward(ctx, *plan_, in, out, d_o, grad, options());
+    else dilated_attention_backward(ctx, group_, in, out, d_o, grad, resolved_.dilated, options());
   }
 
  private:
-  void check_spec(const AttentionSpec& spec, const AttentionOptions& opts) const {
-    const char* where = "longattn::parallel::ContextParallelAttention";
-    const std::string made_for = to_string(spec_);
-    require(to_string(resolve_attention_spec(spec, tokens_)) == made_for, where, "the module's attention spec",
-            to_string(spec), "the spec this runner was made for, " + made_for);
-    require(!plan_ || opts.causal == plan_->causal(), where, "opts.causal", opts.causal ? "true" : "false",
-            "the causal setting of the runner's ring plan");
+  AttentionOptions options() const {
+    AttentionOptions opts;
+    opts.causal = causal_;
+    return opts;
   }
 
   Communicator group_;
   std::int64_t tokens_;
-  AttentionSpec spec_;
+  AttentionSpec spec_, resolved_;
+  bool causal_;
   Sharding sharding_ = Sharding::contiguous;
   std::optional<RingPlan<ExecSpace>> plan_;
   std::vector<Segment> segments_;

@@ -2,9 +2,12 @@
 // Dilated attention (LongNet) over a sequence sharded contiguously over a context-parallel
 // group, forward and backward; the result equals core dilated attention over the whole sequence.
 //
-//   parallel::dilated_attention_forward(exec, group, q, k, v, o, lse, config, opts);
-//   parallel::dilated_attention_backward(exec, group, q, k, v, o, d_o, lse, dq, dk, dv, config, opts);
+//   parallel::dilated_attention_forward(ctx, group, AttentionInputs{q, k, v}, AttentionOutputs{o, lse}, config, opts);
+//   parallel::dilated_attention_backward(ctx, group, AttentionInputs{q, k, v}, AttentionOutputs{o, lse}, d_o,
+//                                        AttentionGradients{dq, dk, dv}, config, opts);
 //
+// ctx: an ExecutionContext (core/execution_context.hpp) or a bare instance: kernels on its
+// instance, gathered segments and workspaces from its pool.
 // q, k, v, ... are this rank's [B, S, H, D] (S = N / P, contiguous sharding: rank r holds tokens
 // [r S, (r+1) S)). Each (configuration, offset, heads) pass (see core/dilated_attention.hpp):
 //   - a segment that fits in a shard (w divides S; any w on one rank) is computed locally, on
@@ -27,7 +30,9 @@
 #include <utility>
 #include <vector>
 
+#include "longattn/core/attention_tensors.hpp"
 #include "longattn/core/dilated_attention.hpp"
+#include "longattn/core/execution_context.hpp"
 #include "longattn/memory/pooled_view.hpp"
 #include "longattn/parallel/communicator.hpp"
 
@@ -69,10 +74,10 @@ inline void check_dilated_shards(const char* where, std::int64_t S, int P, const
 template <class CheckTensors>
 std::map<std::int64_t, SpanningGroup> prepare_dilated(const char* where, const Communicator& group,
                                                       const DilatedConfig& config, CheckTensors&& check_tensors,
-                                                      longattn::detail::AttentionGeometry& geo) {
+                                                      AttentionGeometry& geo) {
   group.checked(where, [&] {
     geo = check_tensors();
-    longattn::detail::check_dilated(where, geo, config);
+    dilated::check_config(where, geo, config);
     check_dilated_shards(where, geo.queries, group.size(), config);
   });
   std::vector<Communicator::Agreed> agreed = {{"q.extent(1) (tokens per rank)", geo.queries},
@@ -99,7 +104,7 @@ std::map<std::int64_t, SpanningGroup> prepare_dilated(const char* where, const C
 
 // The pass's dilated tokens of this rank's shard in one batch entry: one run over the shard
 // (the segment's local part), every rate-th token from the pass's offset.
-inline longattn::detail::SegmentRun shard_run(const longattn::detail::DilatedPass& pass, std::int64_t S) {
+inline dilated::SegmentRun shard_run(const dilated::Pass& pass, std::int64_t S) {
   return {0, 1, S / pass.rate};
 }
 
@@ -108,11 +113,11 @@ using Segments = Kokkos::View<T****, Kokkos::LayoutRight, Memory>;  // [B, token
 
 // Packs the selected (strided) keys and values of every batch entry into [2][B][n][heads][D].
 template <class ExecSpace, class K, class V, class Packed>
-void pack_selection(const ExecSpace& exec, const K& k, const V& v, const longattn::detail::DilatedPass& pass,
-                    const longattn::detail::SegmentRun& run, const Packed& packed) {
+void pack_selection(const ExecSpace& exec, const K& k, const V& v, const dilated::Pass& pass,
+                    const dilated::SegmentRun& run, const Packed& packed) {
   for (int b = 0; b < int(k.extent(0)); ++b) {
-    const auto kb = Kokkos::subview(longattn::detail::select_tokens(k, b, pass, run), 0, Kokkos::ALL, Kokkos::ALL, Kokkos::ALL);
-    const auto vb = Kokkos::subview(longattn::detail::select_tokens(v, b, pass, run), 0, Kokkos::ALL, Kokkos::ALL, Kokkos::ALL);
+    const auto kb = Kokkos::subview(dilated::select_tokens(k, b, pass, run), 0, Kokkos::ALL, Kokkos::ALL, Kokkos::ALL);
+    const auto vb = Kokkos::subview(dilated::select_tokens(v, b, pass, run), 0, Kokkos::ALL, Kokkos::ALL, Kokkos::ALL);
     Kokkos::deep_copy(exec, Kokkos::subview(packed, 0, b, Kokkos::ALL, Kokkos::ALL, Kokkos::ALL), kb);
     Kokkos::deep_copy(exec, Kokkos::subview(packed, 1, b, Kokkos::ALL, Kokkos::ALL, Kokkos::ALL), vb);
   }
@@ -128,128 +133,154 @@ void unpack_segment(const ExecSpace& exec, const Gathered& gathered, int part, c
                       Kokkos::subview(gathered, g, part, Kokkos::ALL, Kokkos::ALL, Kokkos::ALL, Kokkos::ALL));
 }
 
-template <class T>
-using Pooled6 = memory::PooledView<Kokkos::View<T******, Kokkos::LayoutRight, Kokkos::HostSpace>>;
-template <class T>
-using Pooled5 = memory::PooledView<Kokkos::View<T*****, Kokkos::LayoutRight, Kokkos::HostSpace>>;
-template <class T>
-using Pooled4 = memory::PooledView<Kokkos::View<T****, Kokkos::LayoutRight, Kokkos::HostSpace>>;
+template <class T, class Memory>
+using Pooled6 = memory::PooledView<Kokkos::View<T******, Kokkos::LayoutRight, Memory>>;
+template <class T, class Memory>
+using Pooled5 = memory::PooledView<Kokkos::View<T*****, Kokkos::LayoutRight, Memory>>;
+template <class T, class Memory>
+using Pooled4 = memory::PooledView<Kokkos::View<T****, Kokkos::LayoutRight, Memory>>;
 
 // A spanning pass's gathered segment: this rank's dilated K, V packed, all-gathered over the
 // group and laid out as [B, w / r, heads, D] keys and values.
 template <class ExecSpace, class T, class K, class V>
-std::pair<Pooled4<T>, Pooled4<T>> gather_segment(const ExecSpace& exec, const SpanningGroup& spanning, const K& k,
-                                                 const V& v, const longattn::detail::DilatedPass& pass,
-                                                 const longattn::detail::SegmentRun& run) {
-  auto& pool = memory::default_pool<Kokkos::HostSpace>();
+auto gather_segment(const ExecutionContext<ExecSpace>& context, const SpanningGroup& spanning, const K& k, const V& v,
+                    const dilated::Pass& pass, const dilated::SegmentRun& run) {
+  using Memory = typename ExecSpace::memory_space;
+  const ExecSpace& exec = context.exec();
+  const auto& pool = context.pool();
   const int B = int(k.extent(0)), D = int(k.extent(3)), h = pass.head_count;
   const std::int64_t n = run.tokens, G = spanning.ranks;
-  const Pooled5<T> mine(pool, 2, B, n, h, D);
+  const Pooled5<T, Memory> mine(pool, 2, B, n, h, D);
   pack_selection(exec, k, v, pass, run, mine.view());
   exec.fence();
-  const Pooled6<T> all(pool, G, 2, B, n, h, D);
+  const Pooled6<T, Memory> all(pool, G, 2, B, n, h, D);
   spanning.comm.all_gather(mine.data(), all.data(), mine.size(), data_type_of<T>());
-  Pooled4<T> keys(pool, B, G * n, h, D), values(pool, B, G * n, h, D);
+  Pooled4<T, Memory> keys(pool, B, G * n, h, D), values(pool, B, G * n, h, D);
   unpack_segment(exec, all.view(), 0, keys.view());
   unpack_segment(exec, all.view(), 1, values.view());
-  return {keys, values};
+  return std::make_pair(keys, values);
 }
 
 }  // namespace detail
 
-template <class ExecSpace, class Q, class K, class V, class O, class Lse>
-void dilated_attention_forward(const ExecSpace& exec, const Communicator& group, const Q& q, const K& k, const V& v,
-                               const O& o, const Lse& lse, const DilatedConfig& config,
+template <class On, class Q, class K, class V, class O, class Lse>
+void dilated_attention_forward(const On& on, const Communicator& group, const AttentionInputs<Q, K, V>& in,
+                               const AttentionOutputs<O, Lse>& out, const DilatedConfig& config,
                                const AttentionOptions& opts = {}) {
-  using T = longattn::detail::scalar_of<Q>;
+  using ExecSpace = execution_space_of<On>;
+  const auto& context = context_of(on);
+  const ExecSpace& exec = context.exec();
+  const Q& q = in.q;
+  const K& k = in.k;
+  const V& v = in.v;
+  const O& o = out.o;
+  const Lse& lse = out.lse;
+  using T = longattn::scalar_of<Q>;
   static_assert(Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename ExecSpace::memory_space>::accessible,
                 "distributed dilated attention exchanges through MPI: host memory");
   const char* where = "longattn::parallel::dilated_attention_forward";
-  longattn::detail::AttentionGeometry geo;
+  AttentionGeometry geo;
   const auto groups = detail::prepare_dilated(
-      where, group, config, [&] { return longattn::detail::check_forward<ExecSpace, T>(where, q, k, v, o, lse, opts); },
+      where, group, config, [&] { return check_attention_forward<ExecSpace, T>(where, q, k, v, o, lse, opts); },
       geo);
   const std::int64_t S = geo.queries;
-  AttentionOptions pass_opts = longattn::detail::pass_options(opts, config);
+  AttentionOptions pass_opts = dilated::pass_options(opts, config);
   pass_opts.accumulate_output = true;
   Kokkos::deep_copy(exec, o, T(0));
   Kokkos::deep_copy(exec, lse, -std::numeric_limits<T>::infinity());
   group.guarded(where, [&] {
-    for (const longattn::detail::DilatedPass& pass : longattn::detail::dilated_passes(config, geo.heads)) {
+    for (const dilated::Pass& pass : dilated::passes(config, geo.heads)) {
       const std::int64_t span = detail::spanning_ranks(pass.segment, S, group.size());
       if (span == 0) {  // local segments, as on one rank
-        for (const longattn::detail::SegmentRun& run : longattn::detail::segment_runs(pass, S))
+        for (const dilated::SegmentRun& run : dilated::segment_runs(pass, S))
           for (int b = 0; b < geo.batch; ++b)
-            attention_forward(exec, longattn::detail::select_tokens(q, b, pass, run),
-                              longattn::detail::select_tokens(k, b, pass, run),
-                              longattn::detail::select_tokens(v, b, pass, run),
-                              longattn::detail::select_tokens(o, b, pass, run),
-                              longattn::detail::select_rows(lse, b, pass, run), pass_opts);
+            attention_forward(exec, dilated::select_tokens(q, b, pass, run),
+                              dilated::select_tokens(k, b, pass, run),
+                              dilated::select_tokens(v, b, pass, run),
+                              dilated::select_tokens(o, b, pass, run),
+                              dilated::select_rows(lse, b, pass, run), pass_opts);
         continue;
       }
       const detail::SpanningGroup& spanning = groups.at(span);
-      const longattn::detail::SegmentRun run = detail::shard_run(pass, S);
-      const auto [keys, values] = detail::gather_segment<ExecSpace, T>(exec, spanning, k, v, pass, run);
+      const dilated::SegmentRun run = detail::shard_run(pass, S);
+      const auto gathered = detail::gather_segment<ExecSpace, T>(context, spanning, k, v, pass, run);
+      const auto& keys = gathered.first;
+      const auto& values = gathered.second;
       AttentionOptions segment_opts = pass_opts;
       segment_opts.query_offset = std::int64_t(spanning.index) * run.tokens;  // in the dilated segment
       for (int b = 0; b < geo.batch; ++b) {
         const auto batch = Kokkos::make_pair(b, b + 1);
-        attention_forward(exec, longattn::detail::select_tokens(q, b, pass, run),
+        attention_forward(exec, dilated::select_tokens(q, b, pass, run),
                           Kokkos::subview(keys.view(), batch, Kokkos::ALL, Kokkos::ALL, Kokkos::ALL),
                           Kokkos::subview(values.view(), batch, Kokkos::ALL, Kokkos::ALL, Kokkos::ALL),
-                          longattn::detail::select_tokens(o, b, pass, run),
-                          longattn::detail::select_rows(lse, b, pass, run), segment_opts);
+                          dilated::select_tokens(o, b, pass, run),
+                          dilated::select_rows(lse, b, pass, run), segment_opts);
       }
       exec.fence();
     }
   });
 }
 
-template <class ExecSpace, class Q, class K, class V, class O, class DO, class Lse, class DQ, class DK, class DV>
-void dilated_attention_backward(const ExecSpace& exec, const Communicator& group, const Q& q, const K& k, const V& v,
-                                const O& o, const DO& d_o, const Lse& lse, const DQ& dq, const DK& dk, const DV& dv,
-                                const DilatedConfig& config, const AttentionOptions& opts = {}) {
-  using T = longattn::detail::scalar_of<Q>;
+template <class On, class Q, class K, class V, class O, class Lse, class DO, class DQ, class DK, class DV>
+void dilated_attention_backward(const On& on, const Communicator& group, const AttentionInputs<Q, K, V>& in,
+                                const AttentionOutputs<O, Lse>& out, const DO& d_o,
+                                const AttentionGradients<DQ, DK, DV>& grad, const DilatedConfig& config,
+                                const AttentionOptions& opts = {}) {
+  using ExecSpace = execution_space_of<On>;
+  using Memory = typename ExecSpace::memory_space;
+  const auto& context = context_of(on);
+  const ExecSpace& exec = context.exec();
+  const Q& q = in.q;
+  const K& k = in.k;
+  const V& v = in.v;
+  const O& o = out.o;
+  const Lse& lse = out.lse;
+  const DQ& dq = grad.dq;
+  const DK& dk = grad.dk;
+  const DV& dv = grad.dv;
+  using T = longattn::scalar_of<Q>;
   static_assert(Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename ExecSpace::memory_space>::accessible,
                 "distributed dilated attention exchanges through MPI: host memory");
   const char* where = "longattn::parallel::dilated_attention_backward";
-  longattn::detail::AttentionGeometry geo;
+  AttentionGeometry geo;
   const auto groups = detail::prepare_dilated(
       where, group, config,
-      [&] { return longattn::detail::check_backward<ExecSpace, T>(where, q, k, v, o, d_o, lse, dq, dk, dv, opts); }, geo);
+      [&] { return check_attention_backward<ExecSpace, T>(where, q, k, v, o, d_o, lse, dq, dk, dv, opts); }, geo);
   const std::int64_t S = geo.queries;
-  AttentionOptions pass_opts = longattn::detail::pass_options(opts, config);
+  AttentionOptions pass_opts = dilated::pass_options(opts, config);
   if (!opts.accumulate_gradients) {
     Kokkos::deep_copy(exec, dq, T(0));
     Kokkos::deep_copy(exec, dk, T(0));
     Kokkos::deep_copy(exec, dv, T(0));
   }
   pass_opts.accumulate_gradients = true;
-  auto& pool = memory::default_pool<Kokkos::HostSpace>();
+  const auto& pool = context.pool();
   group.guarded(where, [&] {
-    for (const longattn::detail::DilatedPass& pass : longattn::detail::dilated_passes(config, geo.heads)) {
+    for (const dilated::Pass& pass : dilated::passes(config, geo.heads)) {
       const std::int64_t span = detail::spanning_ranks(pass.segment, S, group.size());
       if (span == 0) {
-        for (const longattn::detail::SegmentRun& run : longattn::detail::segment_runs(pass, S))
+        for (const dilated::SegmentRun& run : dilated::segment_runs(pass, S))
           for (int b = 0; b < geo.batch; ++b)
-            attention_backward(exec, longattn::detail::select_tokens(q, b, pass, run),
-                               longattn::detail::select_tokens(k, b, pass, run),
-                               longattn::detail::select_tokens(v, b, pass, run),
-                               longattn::detail::select_tokens(o, b, pass, run),
-                               longattn::detail::select_tokens(d_o, b, pass, run),
-                               longattn::detail::select_rows(lse, b, pass, run),
-                               longattn::detail::select_tokens(dq, b, pass, run),
-                               longattn::detail::select_tokens(dk, b, pass, run),
-                               longattn::detail::select_tokens(dv, b, pass, run), pass_opts);
+            attention_backward(context, dilated::select_tokens(q, b, pass, run),
+                               dilated::select_tokens(k, b, pass, run),
+                               dilated::select_tokens(v, b, pass, run),
+                               dilated::select_tokens(o, b, pass, run),
+                               dilated::select_tokens(d_o, b, pass, run),
+                               dilated::select_rows(lse, b, pass, run),
+                               dilated::select_tokens(dq, b, pass, run),
+                               dilated::select_tokens(dk, b, pass, run),
+                               dilated::select_tokens(dv, b, pass, run), pass_opts);
         continue;
       }
       const detail::SpanningGroup& spanning = groups.at(span);
-      const longattn::detail::SegmentRun run = detail::shard_run(pass, S);
-      const auto [keys, values] = detail::gather_segment<ExecSpace, T>(exec, spanning, k, v, pass, run);
+      const dilated::SegmentRun run = detail::shard_run(pass, S);
+      const auto gathered = detail::gather_segment<ExecSpace, T>(context, spanning, k, v, pass, run);
+      const auto& keys = gathered.first;
+      const auto& values = gathered.second;
       const std::int64_t n = run.tokens, G = spanning.ranks;
       const int h = pass.head_count, D = geo.head_dim, B = geo.batch;
       // The gradients of the whole dilated segment's keys, from this rank's queries.
-      const detail::Pooled4<T> d_keys(pool, B, G * n, h, D), d_values(pool, B, G * n, h, D);
+      const detail::Pooled4<T, Memory> d_keys(pool, B, G * n, h, D), d_values(pool, B, G * n, h, D);
       Kokkos::deep_copy(exec, d_keys.view(), T(0));
       Kokkos::deep_copy(exec, d_values.view(), T(0));
       AttentionOptions segment_opts = pass_opts;
@@ -257,15 +288,15 @@ void dilated_attention_backward(const ExecSpace& exec, const Communicator& group
       for (int b = 0; b < B; ++b) {
         const auto batch = Kokkos::make_pair(b, b + 1);
         auto slice = [&](const auto& view) { return Kokkos::subview(view, batch, Kokkos::ALL, Kokkos::ALL, Kokkos::ALL); };
-        attention_backward(exec, longattn::detail::select_tokens(q, b, pass, run), slice(keys.view()),
-                           slice(values.view()), longattn::detail::select_tokens(o, b, pass, run),
-                           longattn::detail::select_tokens(d_o, b, pass, run),
-                           longattn::detail::select_rows(lse, b, pass, run),
-                           longattn::detail::select_tokens(dq, b, pass, run), slice(d_keys.view()),
+        attention_backward(context, dilated::select_tokens(q, b, pass, run), slice(keys.view()),
+                           slice(values.view()), dilated::select_tokens(o, b, pass, run),
+                           dilated::select_tokens(d_o, b, pass, run),
+                           dilated::select_rows(lse, b, pass, run),
+                           dilated::select_tokens(dq, b, pass, run), slice(d_keys.view()),
                            slice(d_values.view()), segment_opts);
       }
       // Summed over the group and scattered back: each rank gets its own dilated tokens' part.
-      const detail::Pooled6<T> parts(pool, G, 2, B, n, h, D);
+      const detail::Pooled6<T, Memory> parts(pool, G, 2, B, n, h, D);
       for (std::int64_t g = 0; g < G; ++g) {
         const auto tokens = Kokkos::make_pair(g * n, (g + 1) * n);
         Kokkos::deep_copy(exec, Kokkos::subview(parts.view(), g, 0, Kokkos::ALL, Kokkos::ALL, Kokkos::ALL, Kokkos::ALL),
@@ -274,11 +305,11 @@ void dilated_attention_backward(const ExecSpace& exec, const Communicator& group
                           Kokkos::subview(d_values.view(), Kokkos::ALL, tokens, Kokkos::ALL, Kokkos::ALL));
       }
       exec.fence();
-      const detail::Pooled5<T> mine(pool, 2, B, n, h, D);
+      const detail::Pooled5<T, Memory> mine(pool, 2, B, n, h, D);
       spanning.comm.reduce_scatter(parts.data(), mine.data(), mine.size(), data_type_of<T>(), ReduceOp::sum);
       for (int b = 0; b < B; ++b) {
-        const auto dk_b = Kokkos::subview(longattn::detail::select_tokens(dk, b, pass, run), 0, Kokkos::ALL, Kokkos::ALL, Kokkos::ALL);
-        const auto dv_b = Kokkos::subview(longattn::detail::select_tokens(dv, b, pass, run), 0, Kokkos::ALL, Kokkos::ALL, Kokkos::ALL);
+        const auto dk_b = Kokkos::subview(dilated::select_tokens(dk, b, pass, run), 0, Kokkos::ALL, Kokkos::ALL, Kokkos::ALL);
+        const auto dv_b = Kokkos::subview(dilated::select_tokens(dv, b, pass, run), 0, Kokkos::ALL, Kokkos::ALL, Kokkos::ALL);
         const auto from_k = Kokkos::subview(mine.view(), 0, b, Kokkos::ALL, Kokkos::ALL, Kokkos::ALL);
         const auto from_v = Kokkos::subview(mine.view(), 1, b, Kokkos::ALL, Kokkos::ALL, Kokkos::ALL);
         Kokkos::parallel_for(

@@ -2,10 +2,13 @@
 // Ring attention: exact attention over a sequence split over the P ranks of a context-parallel
 // group, each rank keeping only its shard of Q, K, V (memory O(N/P)).
 //
-//   parallel::RingOptions ring;                          // sharding, pieces, topology
-//   parallel::ring_attention_forward(exec, group, q, k, v, o, lse, opts, ring);
-//   parallel::ring_attention_backward(exec, group, q, k, v, o, d_o, lse, dq, dk, dv, opts, ring);
+//   parallel::RingPlan<Exec> plan(group, tokens, attention_block_size<Exec, float>(), causal, ring);
+//   parallel::ring_attention_forward(ctx, plan, AttentionInputs{q, k, v}, AttentionOutputs{o, lse}, opts);
+//   parallel::ring_attention_backward(ctx, plan, AttentionInputs{q, k, v}, AttentionOutputs{o, lse}, d_o,
+//                                     AttentionGradients{dq, dk, dv}, opts);
 //
+// ctx: an ExecutionContext (core/execution_context.hpp) or a bare instance: kernels run on its
+// instance, the K/V and gradient transfer buffers come from its pool.
 // q, k, v, o, d_o, dq, dk, dv are this rank's [B, N/P, H, D] and lse its [B, H, N/P], laid out
 // as the sharding says (sharding.hpp: shard() and unshard() move between global and local).
 // The result equals single-rank attention over the whole sequence; opts.causal masks by global
@@ -54,6 +57,8 @@
 #include <vector>
 
 #include "longattn/core/attention.hpp"
+#include "longattn/core/attention_tensors.hpp"
+#include "longattn/core/execution_context.hpp"
 #include "longattn/core/block_sparse_layout.hpp"
 #include "longattn/memory/pooled_view.hpp"
 #include "longattn/parallel/communicator.hpp"
@@ -356,13 +361,13 @@ namespace detail {
 template <class T, class Memory>
 using Packed = Kokkos::View<T*****, Kokkos::LayoutRight, Memory, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
 
-// A buffer for the largest piece, from the default pool; views of it for any piece.
+// A buffer for the largest piece, from the context's pool; views of it for any piece.
 template <class T, class Memory>
 struct PieceBuffer {
   memory::PooledView<Kokkos::View<T*, Memory>> memory;
   int batch = 0, heads = 0, head_dim = 0;
-  PieceBuffer(std::int64_t largest, int B, int H, int D)
-      : memory(memory::default_pool<Memory>(), std::size_t(2) * B * largest * H * D), batch(B), heads(H), head_dim(D) {}
+  PieceBuffer(const memory::Pool<Memory>& pool, std::int64_t largest, int B, int H, int D)
+      : memory(pool, std::size_t(2) * B * largest * H * D), batch(B), heads(H), head_dim(D) {}
   Packed<T, Memory> packed(std::int64_t tokens) const {
     return Packed<T, Memory>(memory.data(), 2, batch, tokens, heads, head_dim);
   }
@@ -382,8 +387,8 @@ template <class T, class Memory>
 class KvBuffers {
  public:
   using Buffer = PieceBuffer<T, Memory>;
-  KvBuffers(int outer, int inner, std::int64_t largest, int B, int H, int D) {
-    auto make = [&] { return std::make_shared<Buffer>(largest, B, H, D); };
+  KvBuffers(const memory::Pool<Memory>& pool, int outer, int inner, std::int64_t largest, int B, int H, int D) {
+    auto make = [&] { return std::make_shared<Buffer>(pool, largest, B, H, D); };
     outer_[0] = make();
     if (outer > 1) outer_[1] = make();
     if (inner > 1) {
@@ -470,10 +475,10 @@ void check_ring_tensor(const char* where, const char* name, const View& view, st
   static_assert(Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename View::memory_space>::accessible,
                 "ring attention exchanges through MPI: host memory (the device path comes with NCCL p2p)");
   if constexpr (View::rank == 4)
-    longattn::detail::check_extents(where, name, view, {batch, local, heads, head_dim},
+    longattn::check_extents(where, name, view, {batch, local, heads, head_dim},
                                     "[batch, tokens of this rank, heads, head dim]");
   else
-    longattn::detail::check_extents(where, name, view, {batch, heads, local}, "[batch, heads, tokens of this rank]");
+    longattn::check_extents(where, name, view, {batch, heads, local}, "[batch, heads, tokens of this rank]");
 }
 
 template <class ExecSpace, class Q>
@@ -498,10 +503,18 @@ inline AttentionOptions pair_options(AttentionOptions opts, const Segment& s, co
 }  // namespace detail
 
 // ---------------------------------------------------------------------------------------------
-template <class ExecSpace, class Q, class K, class V, class O, class Lse>
-void ring_attention_forward(const ExecSpace& exec, const RingPlan<ExecSpace>& plan, const Q& q, const K& k,
-                            const V& v, const O& o, const Lse& lse, const AttentionOptions& opts = {}) {
-  using T = longattn::detail::scalar_of<Q>;
+template <class On, class Q, class K, class V, class O, class Lse>
+void ring_attention_forward(const On& on, const RingPlan<execution_space_of<On>>& plan, const AttentionInputs<Q, K, V>& in,
+                            const AttentionOutputs<O, Lse>& out, const AttentionOptions& opts = {}) {
+  using ExecSpace = execution_space_of<On>;
+  const auto& context = context_of(on);
+  const ExecSpace& exec = context.exec();
+  const Q& q = in.q;
+  const K& k = in.k;
+  const V& v = in.v;
+  const O& o = out.o;
+  const Lse& lse = out.lse;
+  using T = longattn::scalar_of<Q>;
   static_assert(!is_half_v<T>, "ring attention exchanges float or double tensors (16-bit storage: not yet)");
   using Memory = typename ExecSpace::memory_space;
   const char* where = "longattn::parallel::ring_attention_forward";
@@ -520,8 +533,8 @@ void ring_attention_forward(const ExecSpace& exec, const RingPlan<ExecSpace>& pl
   }
   AttentionOptions step_opts = opts;
   step_opts.accumulate_output = true;
-  const detail::KvBuffers<T, Memory> kv(plan.outer_steps(), plan.inner_steps(), plan.largest_piece(), int(B), int(H),
-                                        int(D));
+  const detail::KvBuffers<T, Memory> kv(context.pool(), plan.outer_steps(), plan.inner_steps(), plan.largest_piece(),
+                                        int(B), int(H), int(D));
   RingTimings& timings = plan.timings();
   comm.guarded(where, [&] {
     for (int c = 0; c < plan.rounds(); ++c)
@@ -567,11 +580,22 @@ void ring_attention_forward(const ExecSpace& exec, const RingPlan<ExecSpace>& pl
 // Backward: dq accumulates locally; the dK, dV of a piece follow it round each node's inner ring
 // (each holder adds its part) and the last holder in the node returns them to the piece's owner,
 // which adds the nodes' totals in a fixed order.
-template <class ExecSpace, class Q, class K, class V, class O, class DO, class Lse, class DQ, class DK, class DV>
-void ring_attention_backward(const ExecSpace& exec, const RingPlan<ExecSpace>& plan, const Q& q, const K& k,
-                             const V& v, const O& o, const DO& d_o, const Lse& lse, const DQ& dq, const DK& dk,
-                             const DV& dv, const AttentionOptions& opts = {}) {
-  using T = longattn::detail::scalar_of<Q>;
+template <class On, class Q, class K, class V, class O, class Lse, class DO, class DQ, class DK, class DV>
+void ring_attention_backward(const On& on, const RingPlan<execution_space_of<On>>& plan,
+                             const AttentionInputs<Q, K, V>& in, const AttentionOutputs<O, Lse>& out, const DO& d_o,
+                             const AttentionGradients<DQ, DK, DV>& grad, const AttentionOptions& opts = {}) {
+  using ExecSpace = execution_space_of<On>;
+  const auto& context = context_of(on);
+  const ExecSpace& exec = context.exec();
+  const Q& q = in.q;
+  const K& k = in.k;
+  const V& v = in.v;
+  const O& o = out.o;
+  const Lse& lse = out.lse;
+  const DQ& dq = grad.dq;
+  const DK& dk = grad.dk;
+  const DV& dv = grad.dv;
+  using T = longattn::scalar_of<Q>;
   static_assert(!is_half_v<T>, "ring attention exchanges float or double tensors (16-bit storage: not yet)");
   using Memory = typename ExecSpace::memory_space;
   const char* where = "longattn::parallel::ring_attention_backward";
@@ -598,13 +622,15 @@ void ring_attention_backward(const ExecSpace& exec, const RingPlan<ExecSpace>& p
   step_opts.accumulate_gradients = true;
   const int largest = int(plan.largest_piece()), b = int(B), h = int(H), d = int(D);
   using Buffer = detail::PieceBuffer<T, Memory>;
-  const detail::KvBuffers<T, Memory> kv(outer_steps, inner_steps, largest, b, h, d);
-  const Buffer grad[2] = {{largest, b, h, d}, {largest, b, h, d}};  // dK, dV of the piece held (double: one may be in flight)
-  const Buffer incoming{largest, b, h, d};                        // the accumulator from the previous rank
+  const auto& pool = context.pool();
+  const detail::KvBuffers<T, Memory> kv(pool, outer_steps, inner_steps, largest, b, h, d);
+  // dK, dV of the piece held (two: one may be in flight); the accumulator from the previous rank.
+  const Buffer piece_grad[2] = {{pool, largest, b, h, d}, {pool, largest, b, h, d}};
+  const Buffer incoming{pool, largest, b, h, d};
   // This rank's own piece, a node's total back from its route (one per outer step in flight).
   std::vector<Buffer> returned;
   returned.reserve(2);
-  for (int i = 0; i < std::min(2, outer_steps); ++i) returned.emplace_back(largest, b, h, d);
+  for (int i = 0; i < std::min(2, outer_steps); ++i) returned.emplace_back(pool, largest, b, h, d);
   RingTimings& timings = plan.timings();
   comm.guarded(where, [&] {
     for (int c = 0; c < plan.rounds(); ++c) {
@@ -639,7 +665,7 @@ void ring_attention_backward(const ExecSpace& exec, const RingPlan<ExecSpace>& p
             if (s >= 1)
               gradient_in = detail::receive_piece(plan, incoming, held.tokens, plan.previous_inner(), detail::gradient_tag);
             // This buffer's send was two steps ago; its receiver took it before the last step ended.
-            const Buffer& g = grad[step % 2];
+            const Buffer& g = piece_grad[step % 2];
             {
               const detail::Stopwatch waiting(timings.wait_seconds);
               gradient_out[step % 2].wait();
@@ -656,10 +682,10 @@ void ring_attention_backward(const ExecSpace& exec, const RingPlan<ExecSpace>& p
               const auto dq_seg = detail::token_range<1>(dq, seg.local_begin, seg.tokens);
               const auto lse_seg = detail::token_range<2>(lse, seg.local_begin, seg.tokens);
               if (const auto* layout = plan.layout(seg_index, owner, c))
-                attention_backward(exec, q_seg, buffer.keys(held.tokens), buffer.values(held.tokens), o_seg, do_seg,
+                attention_backward(context, q_seg, buffer.keys(held.tokens), buffer.values(held.tokens), o_seg, do_seg,
                                    lse_seg, dq_seg, g.keys(held.tokens), g.values(held.tokens), pair_opts, *layout);
               else
-                attention_backward(exec, q_seg, buffer.keys(held.tokens), buffer.values(held.tokens), o_seg, do_seg,
+                attention_backward(context, q_seg, buffer.keys(held.tokens), buffer.values(held.tokens), o_seg, do_seg,
                                    lse_seg, dq_seg, g.keys(held.tokens), g.values(held.tokens), pair_opts);
             }
             exec.fence();
@@ -703,23 +729,25 @@ void ring_attention_backward(const ExecSpace& exec, const RingPlan<ExecSpace>& p
 }
 
 // Dense ring attention over this group, with a plan made for the call.
-template <class ExecSpace, class Q, class K, class V, class O, class Lse>
-void ring_attention_forward(const ExecSpace& exec, const Communicator& group, const Q& q, const K& k, const V& v,
-                            const O& o, const Lse& lse, const AttentionOptions& opts = {}, const RingOptions& ring = {}) {
-  using T = longattn::detail::scalar_of<Q>;
-  const RingPlan<ExecSpace> plan(group, std::int64_t(q.extent(1)) * group.size(), attention_block_size<ExecSpace, T>(),
-                                 opts.causal, ring);
-  ring_attention_forward(exec, plan, q, k, v, o, lse, opts);
+template <class On, class Q, class K, class V, class O, class Lse>
+void ring_attention_forward(const On& on, const Communicator& group, const AttentionInputs<Q, K, V>& in,
+                            const AttentionOutputs<O, Lse>& out, const AttentionOptions& opts = {},
+                            const RingOptions& ring = {}) {
+  using ExecSpace = execution_space_of<On>;
+  const RingPlan<ExecSpace> plan(group, std::int64_t(in.q.extent(1)) * group.size(),
+                                 attention_block_size<ExecSpace, longattn::scalar_of<Q>>(), opts.causal, ring);
+  ring_attention_forward(on, plan, in, out, opts);
 }
 
-template <class ExecSpace, class Q, class K, class V, class O, class DO, class Lse, class DQ, class DK, class DV>
-void ring_attention_backward(const ExecSpace& exec, const Communicator& group, const Q& q, const K& k, const V& v,
-                             const O& o, const DO& d_o, const Lse& lse, const DQ& dq, const DK& dk, const DV& dv,
-                             const AttentionOptions& opts = {}, const RingOptions& ring = {}) {
-  using T = longattn::detail::scalar_of<Q>;
-  const RingPlan<ExecSpace> plan(group, std::int64_t(q.extent(1)) * group.size(), attention_block_size<ExecSpace, T>(),
-                                 opts.causal, ring);
-  ring_attention_backward(exec, plan, q, k, v, o, d_o, lse, dq, dk, dv, opts);
+template <class On, class Q, class K, class V, class O, class Lse, class DO, class DQ, class DK, class DV>
+void ring_attention_backward(const On& on, const Communicator& group, const AttentionInputs<Q, K, V>& in,
+                             const AttentionOutputs<O, Lse>& out, const DO& d_o,
+                             const AttentionGradients<DQ, DK, DV>& grad, const AttentionOptions& opts = {},
+                             const RingOptions& ring = {}) {
+  using ExecSpace = execution_space_of<On>;
+  const RingPlan<ExecSpace> plan(group, std::int64_t(in.q.extent(1)) * group.size(),
+                                 attention_block_size<ExecSpace, longattn::scalar_of<Q>>(), opts.causal, ring);
+  ring_attention_backward(on, plan, in, out, d_o, grad, opts);
 }
 
 }  // namespace longattn::parallel

@@ -16,8 +16,9 @@
 // Parameters are groups (ParameterGroup: values, gradients, count), listed in the order
 // backward() makes their gradients final (head first, embeddings last), which is the order a
 // data-parallel all-reduce wants them; backward() calls `ready(index)` as each becomes final.
-// Every matrix product is a gemm (Kokkos Kernels); the rest are Kokkos kernels on ExecSpace.
-// Activations and gradients come from the default memory pool.
+// Every matrix product is a gemm (Kokkos Kernels); the rest are Kokkos kernels. All of it runs
+// in the model's ExecutionContext: on its instance, parameters, activations and gradients from
+// its pool (the attention layers share the context).
 #pragma once
 
 #include <Kokkos_Core.hpp>
@@ -31,7 +32,7 @@
 #include <vector>
 
 #include "longattn/core/multihead_attention.hpp"
-#include "longattn/core/workspace.hpp"
+#include "longattn/core/execution_context.hpp"
 #include "longattn/error.hpp"
 
 namespace longattn::train {
@@ -41,7 +42,7 @@ struct ModelConfig {
   int embed = 256;                   // E
   int heads = 4;                     // head dim E / heads
   std::int64_t context = 256;        // N: tokens per sequence (positions learned up to N)
-  std::string attention = "dense";   // a core attention spec
+  AttentionSpec attention;           // dense unless set (parse_attention_spec: the text form)
   std::uint64_t seed = 1;            // weight initialization
   static constexpr int vocab = 256;  // bytes
   int hidden() const { return 4 * embed; }
@@ -67,6 +68,7 @@ class Transformer {
   using Weights = Kokkos::View<T**, Kokkos::LayoutRight, memory_space>;      // [B, n]
   using Positions = Kokkos::View<int*, memory_space>;                        // [n]
   using Attention = MultiheadAttention<ExecSpace, T>;
+  using Context = ExecutionContext<ExecSpace>;
 
   // This rank's part of a batch: inputs, next-token targets, loss weights (1 or 0) and the
   // global positions of its tokens.
@@ -76,7 +78,7 @@ class Transformer {
     Positions positions;
   };
 
-  explicit Transformer(const ModelConfig& config) : config_(config) {
+  Transformer(const Context& context, const ModelConfig& config) : context_(context), config_(config) {
     validate(config);
     const std::size_t E = config.embed, F = config.hidden(), V = ModelConfig::vocab, N = config.context;
     MultiheadAttentionOptions options;
@@ -87,8 +89,8 @@ class Transformer {
     // Own parameters, one buffer each for values and gradients, carved in this order.
     std::size_t own = V * E + N * E + 2 * E + V * E + V;
     own += std::size_t(config.layers) * (4 * E + F * E + F + E * F + E);
-    values_ = longattn::detail::allocate_workspace<Flat>(own);
-    gradients_ = longattn::detail::allocate_workspace<Flat>(own);
+    values_ = context_.template allocate<Flat>(own);
+    gradients_ = context_.template allocate<Flat>(own);
     std::size_t offset = 0;
     auto take = [&](std::size_t count) {
       const std::size_t at = offset;
@@ -105,14 +107,18 @@ class Transformer {
     embedding_ = {take(V * E), take(N * E)};
     for (int l = 0; l < config.layers; ++l) {
       options.seed = seeds();
-      blocks_[l].attention = std::make_unique<Attention>(config.embed, config.heads, options);
+      blocks_[l].attention = std::make_unique<Attention>(context_, config.embed, config.heads, options);
     }
     initialize(seeds());
     list_groups();
     zero_gradients();
   }
 
+  // In the space's default instance and pool.
+  explicit Transformer(const ModelConfig& config) : Transformer(Context(), config) {}
+
   const ModelConfig& config() const { return config_; }
+  const Context& context() const { return context_; }
   const std::vector<ParameterGroup<T>>& parameter_groups() const { return groups_; }
   std::size_t parameter_count() const {
     std::size_t n = 0;
@@ -125,7 +131,7 @@ class Transformer {
   }
 
   void zero_gradients() {
-    Kokkos::deep_copy(ExecSpace(), gradients_.view(), T(0));
+    Kokkos::deep_copy(context_.exec(), gradients_.view(), T(0));
     for (Block& b : blocks_) b.attention->zero_gradients();
   }
 
@@ -180,6 +186,7 @@ class Transformer {
   void norm_backward(const Matrix& dy, const Matrix& x, std::size_t ln, const LayerNormStats& stats,
                      const Matrix& dx) const;
 
+  Context context_;
   ModelConfig config_;
   memory::PooledView<Flat> values_, gradients_;
   Head head_;

@@ -6,7 +6,8 @@
 //   m <- b1 m + (1 - b1) g;  v <- b2 v + (1 - b2) g^2
 //   w <- w - lr (m / (1 - b1^t) / (sqrt(v / (1 - b2^t)) + eps) + decay w)   (decay on matrices)
 //
-// The moments m and v are one buffer each over all parameter groups (from the default pool).
+// The moments m and v are one buffer each over all parameter groups, from the context's pool;
+// the update runs on the context's instance.
 #pragma once
 
 #include <Kokkos_Core.hpp>
@@ -15,7 +16,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "longattn/core/workspace.hpp"
+#include "longattn/core/execution_context.hpp"
 #include "longattn/error.hpp"
 #include "longattn/kokkos_compat.hpp"
 #include "longattn/train/model.hpp"
@@ -41,16 +42,20 @@ class AdamW {
  public:
   using memory_space = typename ExecSpace::memory_space;
   using Flat = Kokkos::View<T*, memory_space>;
+  using Context = ExecutionContext<ExecSpace>;
 
-  AdamW(const OptimizerConfig& config, const std::vector<ParameterGroup<T>>& groups) : config_(config), groups_(groups) {
+  AdamW(const Context& context, const OptimizerConfig& config, const std::vector<ParameterGroup<T>>& groups)
+      : context_(context), config_(config), groups_(groups) {
     validate(config);
     std::size_t total = 0;
     for (const auto& g : groups_) total += g.count;
-    m_ = longattn::detail::allocate_workspace<Flat>(total);
-    v_ = longattn::detail::allocate_workspace<Flat>(total);
-    Kokkos::deep_copy(ExecSpace(), m_.view(), T(0));
-    Kokkos::deep_copy(ExecSpace(), v_.view(), T(0));
+    m_ = context_.template allocate<Flat>(total);
+    v_ = context_.template allocate<Flat>(total);
+    Kokkos::deep_copy(context_.exec(), m_.view(), T(0));
+    Kokkos::deep_copy(context_.exec(), v_.view(), T(0));
   }
+  AdamW(const OptimizerConfig& config, const std::vector<ParameterGroup<T>>& groups)
+      : AdamW(Context(), config, groups) {}
 
   // The gradients' global norm (every rank holds the same, all-reduced gradients).
   double gradient_norm() const {
@@ -59,7 +64,7 @@ class AdamW {
       const T* grad = g.gradients;
       double sum = 0;
       Kokkos::parallel_reduce(
-          "longattn::train::gradient_norm", Kokkos::RangePolicy<ExecSpace>(0, std::int64_t(g.count)),
+          "longattn::train::gradient_norm", Kokkos::RangePolicy<ExecSpace>(context_.exec(), 0, std::int64_t(g.count)),
           KOKKOS_LAMBDA(std::int64_t i, double& s) { s += double(grad[i]) * double(grad[i]); }, sum);
       squares += sum;
     }
@@ -83,7 +88,7 @@ class AdamW {
       T* v = v_.data() + offset;
       const T decay = g.decay ? T(config_.weight_decay) : T(0);
       Kokkos::parallel_for(
-          "longattn::train::adamw", Kokkos::RangePolicy<ExecSpace>(0, std::int64_t(g.count)),
+          "longattn::train::adamw", Kokkos::RangePolicy<ExecSpace>(context_.exec(), 0, std::int64_t(g.count)),
           KOKKOS_LAMBDA(std::int64_t i) {
             const T gi = grad[i] * g_scale;
             m[i] = b1 * m[i] + (T(1) - b1) * gi;
@@ -92,7 +97,7 @@ class AdamW {
           });
       offset += g.count;
     }
-    ExecSpace().fence();
+    context_.exec().fence();
     return norm;
   }
 
@@ -103,6 +108,7 @@ class AdamW {
   void set_steps(std::int64_t steps) { steps_ = steps; }
 
  private:
+  Context context_;
   OptimizerConfig config_;
   std::vector<ParameterGroup<T>> groups_;
   memory::PooledView<Flat> m_, v_;

@@ -120,8 +120,8 @@ double cross_entropy(const ExecSpace& exec, const Matrix& logits, const Ids& tar
 }
 
 // Query-key scores per sequence over all heads that the spec computes (4 D FLOPs each, forward).
-inline double attention_scores(const std::string& attention, std::int64_t N, int heads) {
-  const AttentionSpec spec = resolve_attention_spec(parse_attention_spec(attention), N);
+inline double attention_scores(const AttentionSpec& attention, std::int64_t N, int heads) {
+  const AttentionSpec spec = resolve_attention_spec(attention, N);
   const double n = double(N);
   if (spec.kind == AttentionSpec::Kind::dilated) return dilated_attention_scores(N, heads, spec.dilated, true);
   if (spec.kind == AttentionSpec::Kind::block_sparse) {
@@ -149,7 +149,6 @@ inline void validate(const ModelConfig& c) {
           "a positive multiple of heads = " + std::to_string(c.heads));
   require(c.context >= 2 && c.context <= (std::int64_t(1) << 24), where, "context", c.context,
           "a sequence length in [2, 16777216] tokens");
-  (void)parse_attention_spec(c.attention);  // names the problem itself
 }
 
 template <class ExecSpace, class T>
@@ -224,11 +223,11 @@ void Transformer<ExecSpace, T>::reserve(int batch, std::int64_t tokens) {
   tokens_ = tokens;
   const std::size_t R = std::size_t(batch) * tokens, E = config_.embed, F = config_.hidden(), V = ModelConfig::vocab;
   auto rows = [&](std::size_t cols) {
-    return longattn::detail::allocate_workspace<typename Rows::view_type>(R, cols);
+    return context_.template allocate<typename Rows::view_type>(R, cols);
   };
   auto stats = [&] {
-    return LayerNormStats{longattn::detail::allocate_workspace<typename Stats::view_type>(R),
-                          longattn::detail::allocate_workspace<typename Stats::view_type>(R)};
+    return LayerNormStats{context_.template allocate<typename Stats::view_type>(R),
+                          context_.template allocate<typename Stats::view_type>(R)};
   };
   for (Block& b : blocks_) {
     b.x = b.h1 = b.x2 = b.h2 = b.u = b.g = {};  // back to the pool before the new ones
@@ -239,31 +238,33 @@ void Transformer<ExecSpace, T>::reserve(int batch, std::int64_t tokens) {
   x_final_ = rows(E), h_final_ = rows(E), logits_ = rows(V);
   d_x_ = rows(E), d_x2_ = rows(E), d_h_ = rows(E), d_hidden_ = rows(F);
   norm_final_ = stats();
-  ones_ = longattn::detail::allocate_workspace<Kokkos::View<T*, memory_space>>(R);
-  Kokkos::deep_copy(ExecSpace(), ones_.view(), T(1));
+  ones_ = context_.template allocate<Kokkos::View<T*, memory_space>>(R);
+  Kokkos::deep_copy(context_.exec(), ones_.view(), T(1));
 }
 
 template <class ExecSpace, class T>
 void Transformer<ExecSpace, T>::linear_forward(const Matrix& x, std::size_t w, std::size_t b, const Matrix& y) const {
   const std::size_t in = x.extent(1), out = y.extent(1);
-  longattn::detail::broadcast_rows(ExecSpace(), vector(values_, b, out), y);
-  gemm("N", "T", T(1), x, matrix(values_, w, out, in), T(1), y);
+  const ExecSpace& exec = context_.exec();
+  broadcast_rows(exec, vector(values_, b, out), y);
+  gemm(exec, "N", "T", T(1), x, matrix(values_, w, out, in), T(1), y);
 }
 
 template <class ExecSpace, class T>
 void Transformer<ExecSpace, T>::linear_backward(const Matrix& x, const Matrix& dy, std::size_t w, std::size_t b,
                                                 const Matrix& dx) const {
   const std::size_t in = x.extent(1), out = dy.extent(1);
-  add_column_sums(dy, ones_.view(), vector(gradients_, b, out));
-  gemm("T", "N", T(1), dy, x, T(1), matrix(gradients_, w, out, in));
-  gemm("N", "N", T(1), dy, matrix(values_, w, out, in), T(0), dx);
+  const ExecSpace& exec = context_.exec();
+  add_column_sums(exec, dy, ones_.view(), vector(gradients_, b, out));
+  gemm(exec, "T", "N", T(1), dy, x, T(1), matrix(gradients_, w, out, in));
+  gemm(exec, "N", "N", T(1), dy, matrix(values_, w, out, in), T(0), dx);
 }
 
 template <class ExecSpace, class T>
 void Transformer<ExecSpace, T>::norm_forward(const Matrix& x, std::size_t ln, const Matrix& y,
                                              LayerNormStats& stats) const {
   const std::size_t E = config_.embed;
-  layer_norm_forward(ExecSpace(), x, vector(values_, ln, E), vector(values_, ln + E, E), 1e-5, y, stats.mean.view(),
+  layer_norm_forward(context_.exec(), x, vector(values_, ln, E), vector(values_, ln + E, E), 1e-5, y, stats.mean.view(),
                      stats.rstd.view());
 }
 
@@ -271,7 +272,7 @@ template <class ExecSpace, class T>
 void Transformer<ExecSpace, T>::norm_backward(const Matrix& dy, const Matrix& x, std::size_t ln,
                                               const LayerNormStats& stats, const Matrix& dx) const {
   const std::size_t E = config_.embed;
-  layer_norm_backward(ExecSpace(), dy, x, vector(values_, ln, E), stats.mean.view(), stats.rstd.view(), dx,
+  layer_norm_backward(context_.exec(), dy, x, vector(values_, ln, E), stats.mean.view(), stats.rstd.view(), dx,
                       vector(gradients_, ln, E), vector(gradients_, ln + E, E));
 }
 
@@ -290,7 +291,7 @@ double Transformer<ExecSpace, T>::forward(const Batch& batch, double normalizer)
   reserve(int(B), n);
   batch_data_ = batch;
   normalizer_ = normalizer;
-  const ExecSpace exec;
+  const ExecSpace& exec = context_.exec();
   const std::size_t E = config_.embed, V = ModelConfig::vocab, N = config_.context;
   detail::embed_forward(exec, batch.inputs, batch.positions, matrix(values_, embedding_.tokens, V, E),
                         matrix(values_, embedding_.positions, N, E), rows(blocks_[0].x));
@@ -315,7 +316,7 @@ template <class ExecSpace, class T>
 void Transformer<ExecSpace, T>::backward(const std::function<void(int)>& ready) {
   require(batch_ > 0, "longattn::train::Transformer::backward", "this", "a model without a forward pass",
           "forward() before backward()");
-  const ExecSpace exec;
+  const ExecSpace& exec = context_.exec();
   int finished = 0;  // groups whose gradients are final, in groups_' order
   auto finish = [&](int count) {
     for (int i = 0; i < count; ++i, ++finished)
