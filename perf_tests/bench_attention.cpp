@@ -267,6 +267,23 @@ void run_block_sparse(benchmark::State& state, bool with_backward) {
 void BM_BlockSparseForward(benchmark::State& state) { run_block_sparse(state, false); }
 void BM_BlockSparseForwardBackward(benchmark::State& state) { run_block_sparse(state, true); }
 
+// Building a fixed pattern's layout (same Args as above, not causal): what LocalAttention did in
+// every forward and every backward of every layer before BlockSparseLayoutCache, and now does
+// once per shape. Compare seconds_per_build with BM_BlockSparseForwardBackward's
+// seconds_per_step at the same N and pattern: a layer step saved 2 builds.
+void BM_BlockSparseLayoutBuild(benchmark::State& state) {
+  const longattn::BlockSparseConfig config = block_sparse_config(state);
+  longattn::BlockSparseShape shape;
+  shape.queries = shape.keys = state.range(0);
+  double kept = 0;
+  const double seconds = time_steps(state, [&] {
+    kept = double(longattn::block_sparse_layout(Exec(), config, shape, false).kept_blocks());
+    Kokkos::fence();
+  });
+  state.counters["seconds_per_build"] = seconds / state.iterations();
+  state.counters["kept_blocks"] = kept;
+}
+
 }  // namespace
 
 BENCHMARK_TEMPLATE(BM_AttentionForward, float)
@@ -302,6 +319,10 @@ BENCHMARK(BM_BlockSparseForwardBackward)
     ->ArgsProduct({{16384, 65536}, {0}, {5, 10, 25, 50, 100}})
     ->ArgsProduct({{16384, 65536}, {1, 2, 3, 4}, {0}})
     ->Iterations(1)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_BlockSparseLayoutBuild)
+    ->ArgsProduct({{16384, 65536}, {0}, {10}})
+    ->ArgsProduct({{16384, 65536}, {1, 2, 3}, {0}})
+    ->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_AttentionMemory)->Arg(4096)->Arg(16384)->Arg(65536)->Iterations(1)->UseRealTime()->Unit(benchmark::kSecond);
 
 int main(int argc, char* argv[]) {

@@ -129,8 +129,12 @@ void BM_Ring(benchmark::State& state) {
   for (auto _ : state) {
     plan.reset_timings();
     ring_s = timed([&] {
-      parallel::ring_attention_forward(Exec(), plan, longattn::AttentionInputs{q, k, v}, longattn::AttentionOutputs{o, lse}, opts);
-      if (backward) parallel::ring_attention_backward(Exec(), plan, longattn::AttentionInputs{q, k, v}, longattn::AttentionOutputs{o, lse}, d_o, longattn::AttentionGradients{dq, dk, dv}, opts);
+      parallel::ring_attention_forward(Exec(), plan, longattn::AttentionInputs{q, k, v},
+                                       longattn::AttentionOutputs{o, lse}, opts);
+      if (backward)
+        parallel::ring_attention_backward(Exec(), plan, longattn::AttentionInputs{q, k, v},
+                                          longattn::AttentionOutputs{o, lse}, d_o,
+                                          longattn::AttentionGradients{dq, dk, dv}, opts);
     });
     single_s = timed([&] {
       for (const auto& s : segments) {
@@ -187,8 +191,11 @@ void BM_RingMemory(benchmark::State& state) {
     const std::size_t before = pool.stats().in_use_bytes;
     pool.reset_high_water();
     const double seconds = timed([&] {
-      parallel::ring_attention_forward(Exec(), plan, longattn::AttentionInputs{q, k, v}, longattn::AttentionOutputs{o, lse});
-      parallel::ring_attention_backward(Exec(), plan, longattn::AttentionInputs{q, k, v}, longattn::AttentionOutputs{o, lse}, d_o, longattn::AttentionGradients{dq, dk, dv});
+      parallel::ring_attention_forward(Exec(), plan, longattn::AttentionInputs{q, k, v},
+                                       longattn::AttentionOutputs{o, lse});
+      parallel::ring_attention_backward(Exec(), plan, longattn::AttentionInputs{q, k, v},
+                                        longattn::AttentionOutputs{o, lse}, d_o,
+                                        longattn::AttentionGradients{dq, dk, dv});
     });
     high_water = max_over_ranks(double(pool.stats().in_use_high_water_bytes - before));
     state.SetIterationTime(seconds);

@@ -67,8 +67,11 @@ int main(int argc, char* argv[]) {
     longattn::AttentionOptions opts;
     opts.causal = true;
     const parallel::RingPlan<Exec> plan(world, N, block, opts.causal, ring);
-    parallel::ring_attention_forward(Exec(), plan, longattn::AttentionInputs{q_local, k_local, v_local}, longattn::AttentionOutputs{o_local, lse_local}, opts);
-    parallel::ring_attention_backward(Exec(), plan, longattn::AttentionInputs{q_local, k_local, v_local}, longattn::AttentionOutputs{o_local, lse_local}, d_o_local, longattn::AttentionGradients{dq_local, dk_local, dv_local}, opts);
+    parallel::ring_attention_forward(Exec(), plan, longattn::AttentionInputs{q_local, k_local, v_local},
+                                     longattn::AttentionOutputs{o_local, lse_local}, opts);
+    parallel::ring_attention_backward(Exec(), plan, longattn::AttentionInputs{q_local, k_local, v_local},
+                                      longattn::AttentionOutputs{o_local, lse_local}, d_o_local,
+                                      longattn::AttentionGradients{dq_local, dk_local, dv_local}, opts);
 
     // What one rank holding everything would compute.
     Tensor o("o whole", B, N, H, D), dq("dq whole", B, N, H, D), dk("dk whole", B, N, H, D), dv("dv whole", B, N, H, D);

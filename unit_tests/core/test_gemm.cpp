@@ -60,7 +60,8 @@ TEST_CASE("gemm rejects mismatched shapes with a longattn::Error naming the argu
                     Catch::Contains("'C.extent(0)' is 7") && Catch::Contains("expected 5"));
   CHECK_THROWS_WITH(longattn::gemm(Kokkos::DefaultHostExecutionSpace(), "N", "T", 1.0f, a, b, 0.0f, c),
                     Catch::Contains("B's inner extent") && Catch::Contains("is 4") && Catch::Contains("expected 3"));
-  CHECK_THROWS_WITH(longattn::gemm(Kokkos::DefaultHostExecutionSpace(), "X", "N", 1.0f, a, b, 0.0f, c), Catch::Contains("'trans_a' is X"));
+  CHECK_THROWS_WITH(longattn::gemm(Kokkos::DefaultHostExecutionSpace(), "X", "N", 1.0f, a, b, 0.0f, c),
+                    Catch::Contains("'trans_a' is X"));
   CHECK_THROWS_AS(longattn::gemm(Kokkos::DefaultHostExecutionSpace(), "N", "N", 1.0f, a, a, 0.0f, c), longattn::Error);
 }
 

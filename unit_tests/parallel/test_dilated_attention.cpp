@@ -58,8 +58,11 @@ void check_dilated(const Communicator& comm, int B, std::int64_t N, int H, int D
   const auto ql = local(q), kl = local(k), vl = local(v), dol = local(d_o);
   Tensor<T, Memory> ol("o", B, S, H, D), dql("dq", B, S, H, D), dkl("dk", B, S, H, D), dvl("dv", B, S, H, D);
   Rows<T, Memory> lsel("lse", B, H, S);
-  longattn::parallel::dilated_attention_forward(exec, comm, longattn::AttentionInputs{ql, kl, vl}, longattn::AttentionOutputs{ol, lsel}, config, opts);
-  longattn::parallel::dilated_attention_backward(exec, comm, longattn::AttentionInputs{ql, kl, vl}, longattn::AttentionOutputs{ol, lsel}, dol, longattn::AttentionGradients{dql, dkl, dvl}, config, opts);
+  longattn::parallel::dilated_attention_forward(exec, comm, longattn::AttentionInputs{ql, kl, vl},
+                                                longattn::AttentionOutputs{ol, lsel}, config, opts);
+  longattn::parallel::dilated_attention_backward(exec, comm, longattn::AttentionInputs{ql, kl, vl},
+                                                 longattn::AttentionOutputs{ol, lsel}, dol,
+                                                 longattn::AttentionGradients{dql, dkl, dvl}, config, opts);
   Tensor<T, Memory> o_all("o all", B, N, H, D), dq_all("dq all", B, N, H, D), dk_all("dk all", B, N, H, D),
       dv_all("dv all", B, N, H, D);
   Rows<T, Memory> lse_all("lse all", B, H, N);
@@ -113,12 +116,14 @@ TEMPLATE_LIST_TEST_CASE("distributed dilated attention refuses what the shards c
   Tensor<float, typename Exec::memory_space> x("x", 1, S, 2, 8), out("out", 1, S, 2, 8);
   Rows<float, typename Exec::memory_space> lse("lse", 1, 2, S);
   const DilatedConfig straddling{{36}, {1}, DilatedMode::longnet};  // neither divides nor spans whole shards
-  CHECK_THROWS_WITH(longattn::parallel::dilated_attention_forward(exec, comm, longattn::AttentionInputs{x, x, x}, longattn::AttentionOutputs{out, lse}, straddling),
+  CHECK_THROWS_WITH(longattn::parallel::dilated_attention_forward(exec, comm, longattn::AttentionInputs{x, x, x},
+                                                                  longattn::AttentionOutputs{out, lse}, straddling),
                     Catch::Contains("argument 'config.segment_lengths[0]' is 36, expected a divisor of the 24 tokens "
                                     "per rank (computed locally)"));
   const DilatedConfig uneven_rate{{N}, {16}, DilatedMode::longnet};  // 16 does not divide 24
   if (N % 16 == 0)
-    CHECK_THROWS_WITH(longattn::parallel::dilated_attention_forward(exec, comm, longattn::AttentionInputs{x, x, x}, longattn::AttentionOutputs{out, lse}, uneven_rate),
+    CHECK_THROWS_WITH(longattn::parallel::dilated_attention_forward(exec, comm, longattn::AttentionInputs{x, x, x},
+                                                                    longattn::AttentionOutputs{out, lse}, uneven_rate),
                       Catch::Contains("argument 'config.dilation_rates[0]' is 16, expected a divisor of the 24 tokens "
                                       "per rank"));
   // One rank's shard differs: every rank fails.
@@ -126,10 +131,12 @@ TEMPLATE_LIST_TEST_CASE("distributed dilated attention refuses what the shards c
   Tensor<float, typename Exec::memory_space> y("y", 1, mine, 2, 8), y_out("y out", 1, mine, 2, 8);
   Rows<float, typename Exec::memory_space> rows("rows", 1, 2, mine);
   const DilatedConfig whole{{4096}, {2}, DilatedMode::longnet};  // one segment, valid for both shard sizes
-  CHECK_THROWS_WITH(longattn::parallel::dilated_attention_forward(exec, comm, longattn::AttentionInputs{y, y, y}, longattn::AttentionOutputs{y_out, rows}, whole),
+  CHECK_THROWS_WITH(longattn::parallel::dilated_attention_forward(exec, comm, longattn::AttentionInputs{y, y, y},
+                                                                  longattn::AttentionOutputs{y_out, rows}, whole),
                     Catch::Contains("argument 'q.extent(1) (tokens per rank)' differs between ranks (from 24 to 48)"));
   // One rank's configuration differs.
   const DilatedConfig differing{{me == 0 ? S : N}, {2}, DilatedMode::longnet};
-  CHECK_THROWS_WITH(longattn::parallel::dilated_attention_forward(exec, comm, longattn::AttentionInputs{x, x, x}, longattn::AttentionOutputs{out, lse}, differing),
+  CHECK_THROWS_WITH(longattn::parallel::dilated_attention_forward(exec, comm, longattn::AttentionInputs{x, x, x},
+                                                                  longattn::AttentionOutputs{out, lse}, differing),
                     Catch::Contains("argument 'config.segment_lengths' differs between ranks"));
 }

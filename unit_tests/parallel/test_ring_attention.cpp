@@ -67,11 +67,17 @@ void check_ring(const Communicator& comm, int B, std::int64_t N, int H, int D, b
   Rows<T, Memory> lsel("lse", B, H, n);
   if (global_layout) {
     const longattn::parallel::RingPlan<Exec> plan(exec, comm, *global_layout, causal, ring);
-    longattn::parallel::ring_attention_forward(exec, plan, longattn::AttentionInputs{ql, kl, vl}, longattn::AttentionOutputs{ol, lsel}, opts);
-    longattn::parallel::ring_attention_backward(exec, plan, longattn::AttentionInputs{ql, kl, vl}, longattn::AttentionOutputs{ol, lsel}, dol, longattn::AttentionGradients{dql, dkl, dvl}, opts);
+    longattn::parallel::ring_attention_forward(exec, plan, longattn::AttentionInputs{ql, kl, vl},
+                                               longattn::AttentionOutputs{ol, lsel}, opts);
+    longattn::parallel::ring_attention_backward(exec, plan, longattn::AttentionInputs{ql, kl, vl},
+                                                longattn::AttentionOutputs{ol, lsel}, dol,
+                                                longattn::AttentionGradients{dql, dkl, dvl}, opts);
   } else {
-    longattn::parallel::ring_attention_forward(exec, comm, longattn::AttentionInputs{ql, kl, vl}, longattn::AttentionOutputs{ol, lsel}, opts, ring);
-    longattn::parallel::ring_attention_backward(exec, comm, longattn::AttentionInputs{ql, kl, vl}, longattn::AttentionOutputs{ol, lsel}, dol, longattn::AttentionGradients{dql, dkl, dvl}, opts, ring);
+    longattn::parallel::ring_attention_forward(exec, comm, longattn::AttentionInputs{ql, kl, vl},
+                                               longattn::AttentionOutputs{ol, lsel}, opts, ring);
+    longattn::parallel::ring_attention_backward(exec, comm, longattn::AttentionInputs{ql, kl, vl},
+                                                longattn::AttentionOutputs{ol, lsel}, dol,
+                                                longattn::AttentionGradients{dql, dkl, dvl}, opts, ring);
   }
   Tensor<T, Memory> o_ring("o ring", B, N, H, D), dq_ring("dq ring", B, N, H, D), dk_ring("dk ring", B, N, H, D),
       dv_ring("dv ring", B, N, H, D);
@@ -181,7 +187,8 @@ TEMPLATE_LIST_TEST_CASE("ring attention refuses bad input on every rank alike", 
   const Exec exec;
   Tensor<float, typename Exec::memory_space> q("q", 1, 100, 1, 8);  // 100 * P tokens: not in 64-token blocks per rank
   Rows<float, typename Exec::memory_space> lse("lse", 1, 1, 100);
-  CHECK_THROWS_WITH(longattn::parallel::ring_attention_forward(exec, comm, longattn::AttentionInputs{q, q, q}, longattn::AttentionOutputs{q, lse}),
+  CHECK_THROWS_WITH(longattn::parallel::ring_attention_forward(exec, comm, longattn::AttentionInputs{q, q, q},
+                                                               longattn::AttentionOutputs{q, lse}),
                     Catch::Contains("argument 'tokens' is " + std::to_string(100 * P)) &&
                         Catch::Contains("64-token blocks, contiguous sharding"));
   const longattn::parallel::RingPlan<Exec> plan(comm, 128 * P, 64, true);
@@ -189,11 +196,13 @@ TEMPLATE_LIST_TEST_CASE("ring attention refuses bad input on every rank alike", 
       out("out", 1, 128, 2, 8), short_k("k", 1, 64, 2, 8);
   Rows<float, typename Exec::memory_space> rows("rows", 1, 2, 128);
   longattn::AttentionOptions not_causal;
-  CHECK_THROWS_WITH(longattn::parallel::ring_attention_forward(exec, plan, longattn::AttentionInputs{a, b, c}, longattn::AttentionOutputs{out, rows}, not_causal),
+  CHECK_THROWS_WITH(longattn::parallel::ring_attention_forward(exec, plan, longattn::AttentionInputs{a, b, c},
+                                                               longattn::AttentionOutputs{out, rows}, not_causal),
                     Catch::Contains("argument 'opts.causal' is false, expected true (as the plan was made)"));
   longattn::AttentionOptions causal;
   causal.causal = true;
-  CHECK_THROWS_WITH(longattn::parallel::ring_attention_forward(exec, plan, longattn::AttentionInputs{a, short_k, c}, longattn::AttentionOutputs{out, rows}, causal),
+  CHECK_THROWS_WITH(longattn::parallel::ring_attention_forward(exec, plan, longattn::AttentionInputs{a, short_k, c},
+                                                               longattn::AttentionOutputs{out, rows}, causal),
                     Catch::Contains("argument 'k's extents' is [1, 64, 2, 8]"));
   RingOptions too_many;
   too_many.pieces = 3;  // 2 blocks per rank
@@ -241,7 +250,8 @@ TEMPLATE_LIST_TEST_CASE("two-level ring over simulated nodes equals single-rank 
       options.topology = topology;
       const longattn::parallel::RingPlan<Exec> plan(comm, local * P, 64, false, options);
       CHECK(plan.two_level() == (topology == longattn::parallel::RingTopology::two_level && nodes > 1 && ranks_per_node > 1));
-      longattn::parallel::ring_attention_forward(Exec(), plan, longattn::AttentionInputs{q, q, q}, longattn::AttentionOutputs{o, lse});
+      longattn::parallel::ring_attention_forward(Exec(), plan, longattn::AttentionInputs{q, q, q},
+                                                 longattn::AttentionOutputs{o, lse});
       const std::int64_t piece_bytes = std::int64_t(2) * B * local * H * D * sizeof(float);
       crossings[topology == longattn::parallel::RingTopology::flat] = sum_over_ranks(plan.timings().bytes_sent_off_node) / piece_bytes;
       CHECK(sum_over_ranks(plan.timings().bytes_sent) == std::int64_t(P) * (P - 1) * piece_bytes);
@@ -275,7 +285,8 @@ TEMPLATE_LIST_TEST_CASE("ring attention fails on every rank when one rank's inpu
   const std::int64_t local = me == 0 ? 192 : 128;
   Tensor<float, typename Exec::memory_space> x("x", 1, local, 1, 8);
   Rows<float, typename Exec::memory_space> lse("lse", 1, 1, local);
-  CHECK_THROWS_WITH(longattn::parallel::ring_attention_forward(exec, comm, longattn::AttentionInputs{x, x, x}, longattn::AttentionOutputs{x, lse}),
+  CHECK_THROWS_WITH(longattn::parallel::ring_attention_forward(exec, comm, longattn::AttentionInputs{x, x, x},
+                                                               longattn::AttentionOutputs{x, lse}),
                     Catch::Contains("argument 'tokens' differs between ranks (from " + std::to_string(128 * P) +
                                     " to " + std::to_string(192 * P) + ")"));
   // The same plan everywhere, but the last rank's k is short: every rank fails, naming that rank.
@@ -284,6 +295,7 @@ TEMPLATE_LIST_TEST_CASE("ring attention fails on every rank when one rank's inpu
       k("k", 1, me == P - 1 ? 64 : 128, 1, 8);
   Rows<float, typename Exec::memory_space> rows("rows", 1, 1, 128);
   const std::string prefix = me == P - 1 ? "" : "rank " + std::to_string(P - 1) + ": ";
-  CHECK_THROWS_WITH(longattn::parallel::ring_attention_forward(exec, plan, longattn::AttentionInputs{a, k, a}, longattn::AttentionOutputs{out, rows}),
+  CHECK_THROWS_WITH(longattn::parallel::ring_attention_forward(exec, plan, longattn::AttentionInputs{a, k, a},
+                                                               longattn::AttentionOutputs{out, rows}),
                     Catch::Contains(prefix + "argument 'k's extents' is [1, 64, 1, 8]"));
 }

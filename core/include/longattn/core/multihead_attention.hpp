@@ -263,11 +263,13 @@ class MultiheadAttention {
   }
 
   // (Re)allocates the activations for B sequences of N tokens (the previous ones go back to the
-  // pool first, so a changed length reuses their memory).
+  // pool first, so a changed length reuses their memory). The size is recorded only once all are
+  // there: a pool that refuses leaves the module ready to try again.
   void reserve(const ExecSpace& exec, int batch, std::int64_t tokens) {
     if (batch == batch_ && tokens == tokens_) return;
-    batch_ = batch;
-    tokens_ = tokens;
+    batch_ = 0;
+    tokens_ = 0;
+    x_ = {};
     qkv_ = d_qkv_ = {};
     attention_out_ = normalized_ = d_projection_ = d_attention_ = {};
     lse_ = {};
@@ -286,6 +288,8 @@ class MultiheadAttention {
       mean_ = context_.template allocate<RowValues>(rows);
       rstd_ = context_.template allocate<RowValues>(rows);
     }
+    batch_ = batch;
+    tokens_ = tokens;
   }
 
   typename Runner::Inputs attention_inputs() const {

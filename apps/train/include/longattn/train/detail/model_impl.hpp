@@ -219,8 +219,7 @@ void Transformer<ExecSpace, T>::list_groups() {
 template <class ExecSpace, class T>
 void Transformer<ExecSpace, T>::reserve(int batch, std::int64_t tokens) {
   if (batch == batch_ && tokens == tokens_) return;
-  batch_ = batch;
-  tokens_ = tokens;
+  batch_ = tokens_ = 0;  // recorded once every buffer is there: a refusing pool leaves a retry possible
   const std::size_t R = std::size_t(batch) * tokens, E = config_.embed, F = config_.hidden(), V = ModelConfig::vocab;
   auto rows = [&](std::size_t cols) {
     return context_.template allocate<typename Rows::view_type>(R, cols);
@@ -240,6 +239,8 @@ void Transformer<ExecSpace, T>::reserve(int batch, std::int64_t tokens) {
   norm_final_ = stats();
   ones_ = context_.template allocate<Kokkos::View<T*, memory_space>>(R);
   Kokkos::deep_copy(context_.exec(), ones_.view(), T(1));
+  batch_ = batch;
+  tokens_ = tokens;
 }
 
 template <class ExecSpace, class T>
