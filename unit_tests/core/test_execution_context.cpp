@@ -29,6 +29,15 @@ longattn::MultiheadAttentionOptions layer_options(const char* spec) {
   return options;
 }
 
+longattn::memory::PoolOptions labelled(const std::string& label, std::size_t limit_bytes = 0) {
+  longattn::memory::PoolOptions options;
+  options.label = label;
+  options.limit_bytes = limit_bytes;
+  options.min_chunk_bytes = std::size_t(256) << 10;
+  return options;
+}
+
+#if defined(KOKKOS_ENABLE_SERIAL) && defined(KOKKOS_ENABLE_OPENMP)
 std::vector<double> random_values(std::size_t count, std::uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::uniform_real_distribution<double> uniform(-1, 1);
@@ -94,14 +103,7 @@ void check_same(const LayerResult& together, const LayerResult& alone) {
   CHECK(largest_difference(together.dx, alone.dx) < 1e-13);
   CHECK(largest_difference(together.gradients, alone.gradients) < 1e-13);
 }
-
-longattn::memory::PoolOptions labelled(const std::string& label, std::size_t limit_bytes = 0) {
-  longattn::memory::PoolOptions options;
-  options.label = label;
-  options.limit_bytes = limit_bytes;
-  options.min_chunk_bytes = std::size_t(256) << 10;
-  return options;
-}
+#endif
 
 }  // namespace
 

@@ -182,7 +182,8 @@ void Transformer<ExecSpace, T>::initialize(std::uint64_t seed) {
   fill_norm(head_.ln);
   fill_normal(head_.w, V * E, 1);
   fill(head_.b, V, T(0));
-  Kokkos::deep_copy(values_.view(), host);
+  Kokkos::deep_copy(context_.exec(), values_.view(), host);
+  context_.exec().fence();  // host is freed on return
 }
 
 template <class ExecSpace, class T>
