@@ -86,10 +86,12 @@ double attention_efficiency(const Efficiency& e, AttentionWork::Kind kind) {
 }  // namespace
 
 AttentionWork attention_work(const ModelConfig& model) {
-  std::string text = detail::trim(model.attention);
   // Shorthand: block_sparse:density=F is the random pattern (a fraction of the allowed blocks).
-  if (text.rfind("block_sparse:", 0) == 0 && text.find("pattern=") == std::string::npos)
-    text = "block_sparse:pattern=random;" + text.substr(13);
+  std::string text = model.attention;
+  const auto first = text.find_first_not_of(" \t");
+  if (first != std::string::npos && text.compare(first, 13, "block_sparse:") == 0 &&
+      text.find("pattern=") == std::string::npos)
+    text = "block_sparse:pattern=random;" + text.substr(first + 13);
   const AttentionSpec spec = resolve_attention_spec(parse_attention_spec(text), model.sequence);
   const double s = double(model.sequence), a = double(model.heads);
   AttentionWork work;
