@@ -47,6 +47,11 @@ struct BlockSparseShape {
   std::int64_t columns() const { return patterns() * key_blocks(); }
 };
 
+inline bool operator==(const BlockSparseShape& a, const BlockSparseShape& b) {
+  return a.block == b.block && a.queries == b.queries && a.keys == b.keys && a.batch == b.batch &&
+         a.heads == b.heads;
+}
+
 inline void validate_block_sparse_shape(const BlockSparseShape& shape, const std::string& where) {
   constexpr std::int64_t limit = std::int64_t(1) << 30;
   require(shape.block > 0, where, "shape.block", shape.block, "a positive number of tokens per block");

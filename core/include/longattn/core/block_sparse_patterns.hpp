@@ -428,14 +428,12 @@ BlockSparseLayout<execution_space_of<On>> block_sparse_layout(const On& on, cons
   using ExecSpace = execution_space_of<On>;
   validate_block_sparse_config(config, "longattn::block_sparse_layout");
   if (config.pattern == BlockSparsePattern::top_k) return top_k_layout(on, q, k, config.top_k, causal);
-  const auto& context = context_of(on);  // a temporary for an instance: kept alive by the reference
-  const ExecSpace& exec = context.exec();
   using T = std::remove_const_t<typename Q::value_type>;
   BlockSparseShape shape;
   if constexpr (detail::attention_scalar<T>) shape.block = attention_block_size<ExecSpace, T>();
   shape.queries = q.extent(1);
   shape.keys = k.extent(1);
-  return block_sparse_layout(exec, config, shape, causal);
+  return block_sparse_layout(instance_of(on), config, shape, causal);
 }
 
 // Layouts of fixed patterns depend on the shape and the pattern only: a model's layers and
@@ -457,7 +455,7 @@ class BlockSparseLayoutCache {
     const std::lock_guard<std::mutex> lock(mutex_);
     ++tick_;
     for (Entry& e : entries_)
-      if (e.causal == causal && e.config == config && same_shape(e.shape, shape)) {
+      if (e.causal == causal && e.config == config && e.shape == shape) {
         e.used = tick_;
         return e.layout;
       }
@@ -492,11 +490,6 @@ class BlockSparseLayoutCache {
     BlockSparseLayout<ExecSpace> layout;
     std::uint64_t used;
   };
-  static bool same_shape(const BlockSparseShape& a, const BlockSparseShape& b) {
-    return a.block == b.block && a.queries == b.queries && a.keys == b.keys && a.batch == b.batch &&
-           a.heads == b.heads;
-  }
-
   std::size_t capacity_;
   mutable std::mutex mutex_;
   std::vector<Entry> entries_;

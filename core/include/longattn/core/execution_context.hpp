@@ -14,8 +14,8 @@
 // the context takes the memory space's memory::default_pool; a default-constructed context is the
 // space's default instance with that pool.
 //
-// Functions that allocate (attention_backward, dilated attention, run_attention_*, top-k
-// layouts) take a context or a bare instance (then the default pool) as their first argument.
+// Functions that allocate (attention_backward, dilated attention, top-k layouts, ring attention)
+// take a context or a bare instance (then the default pool) as their first argument.
 //
 // A buffer goes back to the pool when its last PooledView goes, which may be before kernels
 // that use it have finished on an asynchronous instance. The next user of that memory is then
@@ -86,6 +86,16 @@ ExecutionContext<ExecSpace> context_of(const ExecSpace& exec) {
 template <class ExecSpace>
 const ExecutionContext<ExecSpace>& context_of(const ExecutionContext<ExecSpace>& context) {
   return context;
+}
+
+// The instance to run on, from an instance or a context (no pool needed).
+template <class ExecSpace>
+const ExecSpace& instance_of(const ExecSpace& exec) {
+  return exec;
+}
+template <class ExecSpace>
+const ExecSpace& instance_of(const ExecutionContext<ExecSpace>& context) {
+  return context.exec();
 }
 
 }  // namespace longattn
