@@ -17,6 +17,7 @@
 #include "reference/attention.hpp"
 #include "reference/random.hpp"
 #include "reference/tensors.hpp"
+#include "team_tiles.hpp"
 
 namespace {
 
@@ -65,10 +66,11 @@ const Shape shapes[] = {
     {2, 5, 70, 2, 3},            // a head dim below every micro-tile
 };
 
-template <class ExecSpace, class T>
+template <class ExecSpace, class T, class Tiles = longattn::DefaultTiles>
 void check_forward_and_backward(const Shape& s, bool causal, std::mt19937_64& rng) {
   using Memory = typename ExecSpace::memory_space;
-  INFO(describe(s, causal) << ", " << longattn::detail::scalar_name<T>());
+  constexpr int team_size = longattn::tiles_for_t<ExecSpace, Tiles>::team_size;
+  INFO(describe(s, causal) << ", " << longattn::detail::scalar_name<T>() << ", team size " << team_size);
   const HostTensor q = random_tensor<T>(s.batch, s.queries, s.heads, s.head_dim, rng);
   const HostTensor k = random_tensor<T>(s.batch, s.keys, s.heads, s.head_dim, rng);
   const HostTensor v = random_tensor<T>(s.batch, s.keys, s.heads, s.head_dim, rng);
@@ -88,8 +90,8 @@ void check_forward_and_backward(const Shape& s, bool causal, std::mt19937_64& rn
   Kokkos::View<T****, Memory> dq("dq", s.batch, s.queries, s.heads, s.head_dim);
   Kokkos::View<T****, Memory> dk("dk", s.batch, s.keys, s.heads, s.head_dim), dv("dv", s.batch, s.keys, s.heads, s.head_dim);
   const ExecSpace exec;
-  longattn::attention_forward(exec, qd, kd, vd, o, lse, options(s, causal));
-  longattn::attention_backward(exec, qd, kd, vd, o, dod, lse, dq, dk, dv, options(s, causal));
+  longattn::attention_forward<Tiles>(exec, qd, kd, vd, o, lse, options(s, causal));
+  longattn::attention_backward<Tiles>(exec, qd, kd, vd, o, dod, lse, dq, dk, dv, options(s, causal));
   exec.fence();
 
   CHECK(relative_error(to_host(o), o_ref) <= tolerance<T>());
@@ -109,6 +111,30 @@ TEMPLATE_LIST_TEST_CASE("attention forward and backward match the double referen
       check_forward_and_backward<TestType, float>(s, causal, rng);
       check_forward_and_backward<TestType, double>(s, causal, rng);
     }
+}
+
+// The GPU's shape of the kernels (the forward pass and both backward passes) on the host, teams of
+// 2 and 4 threads: every shape, both causal settings, each storage type.
+TEMPLATE_LIST_TEST_CASE("attention in the GPU's tile shape with several threads per team matches the reference",
+                        "[core][attention][team_tiles]", longattn::test::TeamTileConfigs) {
+  if (!longattn::test::openmp_runs_team_of<TestType>()) return;
+#ifdef KOKKOS_ENABLE_OPENMP
+  std::mt19937_64 rng(longattn::test::test_seed());
+  for (const Shape& s : shapes)
+    for (bool causal : {false, true}) {
+      check_forward_and_backward<Kokkos::OpenMP, float, TestType>(s, causal, rng);
+      check_forward_and_backward<Kokkos::OpenMP, double, TestType>(s, causal, rng);
+      check_forward_and_backward<Kokkos::OpenMP, longattn::bfloat16, TestType>(s, causal, rng);
+    }
+#endif
+}
+
+TEST_CASE("a team larger than the execution space can run is a longattn::Error", "[core][attention][errors]") {
+  using Exec = Kokkos::DefaultHostExecutionSpace;
+  const Kokkos::View<float****, Kokkos::HostSpace> q("q", 1, 70, 1, 8), o("o", 1, 70, 1, 8);
+  const Kokkos::View<float***, Kokkos::HostSpace> lse("lse", 1, 1, 70);
+  CHECK_THROWS_WITH(longattn::attention_forward<longattn::ThreadTiles<4096>>(Exec(), q, q, q, o, lse),
+                    Catch::Contains("'Tiles::team_size' is 4096, expected at most"));
 }
 
 // The 16-bit types: inputs rounded to them (the reference sees the rounded values), float

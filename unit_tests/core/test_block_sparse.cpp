@@ -22,6 +22,7 @@
 #include "reference/random.hpp"
 #include "reference/tensors.hpp"
 #include "reference/test_size.hpp"
+#include "team_tiles.hpp"
 
 namespace {
 
@@ -106,7 +107,7 @@ void check_top_k(const BlockMask& m, const HostTensor& q, const HostTensor& k, s
       }
 }
 
-template <class ExecSpace, class T>
+template <class ExecSpace, class T, class Tiles = longattn::DefaultTiles>
 void check_pattern(const Case& c, const BlockSparseConfig* config, bool causal, std::mt19937_64& rng) {
   using Memory = typename ExecSpace::memory_space;
   const int B = c.batch, Nq = c.queries, Nk = c.keys, H = c.heads, D = c.head_dim;
@@ -117,13 +118,14 @@ void check_pattern(const Case& c, const BlockSparseConfig* config, bool causal, 
   auto dod = to_device<T, Memory>(d_o);
 
   BlockSparseShape shape;
-  shape.block = longattn::attention_block_size<ExecSpace, T>();
+  shape.block = longattn::attention_block_size<ExecSpace, T, Tiles>();
   shape.queries = Nq;
   shape.keys = Nk;
   std::ostringstream what;
   what << "B " << B << " Nq " << Nq << " Nk " << Nk << " H " << H << " D " << D << " "
        << (config ? longattn::to_string(config->pattern) : "mask") << (causal ? " causal" : "") << ", "
-       << longattn::detail::scalar_name<T>() << ", seed " << longattn::test::test_seed();
+       << longattn::detail::scalar_name<T>() << ", team size " << longattn::tiles_for_t<ExecSpace, Tiles>::team_size
+       << ", seed " << longattn::test::test_seed();
   INFO(what.str());
 
   longattn::BlockSparseLayout<ExecSpace> layout;
@@ -172,8 +174,8 @@ void check_pattern(const Case& c, const BlockSparseConfig* config, bool causal, 
   Kokkos::deep_copy(dv, T(7.0));
   longattn::AttentionOptions opts;
   opts.causal = causal;
-  longattn::attention_forward(exec, qd, kd, vd, o, lse, opts, layout);
-  longattn::attention_backward(exec, qd, kd, vd, o, dod, lse, dq, dk, dv, opts, layout);
+  longattn::attention_forward<Tiles>(exec, qd, kd, vd, o, lse, opts, layout);
+  longattn::attention_backward<Tiles>(exec, qd, kd, vd, o, dod, lse, dq, dk, dv, opts, layout);
   exec.fence();
   CHECK(relative_error(to_host(o), o_ref) <= tolerance<T>());
   CHECK(relative_error(to_host(lse), lse_ref) <= tolerance<T>());
@@ -212,6 +214,27 @@ TEMPLATE_LIST_TEST_CASE("each block-sparse pattern keeps the blocks its definiti
         check_pattern<TestType, longattn::float16>(c, nullptr, false, rng);
       }
     }
+}
+
+// Every pattern (top-k's scoring kernel included) and a random mask, in the GPU's tile shape with
+// teams of 2 and 4 threads on the host.
+TEMPLATE_LIST_TEST_CASE("block-sparse attention in the GPU's tile shape with several threads per team matches the "
+                        "reference",
+                        "[core][block_sparse][team_tiles]", longattn::test::TeamTileConfigs) {
+  if (!longattn::test::openmp_runs_team_of<TestType>()) return;
+#ifdef KOKKOS_ENABLE_OPENMP
+  std::mt19937_64 rng(longattn::test::test_seed());
+  for (const Case& c : cases)
+    for (bool causal : {false, true}) {
+      for (BlockSparsePattern pattern : patterns) {
+        if (pattern == BlockSparsePattern::top_k && c.queries != c.keys) continue;
+        const BlockSparseConfig config = config_of(pattern);
+        check_pattern<Kokkos::OpenMP, float, TestType>(c, &config, causal, rng);
+        check_pattern<Kokkos::OpenMP, double, TestType>(c, &config, causal, rng);
+      }
+      if (!causal) check_pattern<Kokkos::OpenMP, float, TestType>(c, nullptr, false, rng);
+    }
+#endif
 }
 
 TEMPLATE_LIST_TEST_CASE("pattern edge cases: zero radius, rates beyond the sequence, more global tokens than "

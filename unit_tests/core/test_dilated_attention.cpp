@@ -17,6 +17,7 @@
 #include "reference/dilated.hpp"
 #include "reference/random.hpp"
 #include "reference/tensors.hpp"
+#include "team_tiles.hpp"
 
 namespace {
 
@@ -58,10 +59,11 @@ longattn::test::ReferenceDilated reference_config(const Case& c, DilatedMode mod
   return {c.w, c.r, mode == DilatedMode::head_groups, causal};
 }
 
-template <class ExecSpace, class T>
+template <class ExecSpace, class T, class Tiles = longattn::DefaultTiles>
 void check_against_reference(const Case& c, DilatedMode mode, bool causal, std::mt19937_64& rng) {
   using Memory = typename ExecSpace::memory_space;
-  INFO(describe(c, mode, causal) << ", " << longattn::detail::scalar_name<T>());
+  constexpr int team_size = longattn::tiles_for_t<ExecSpace, Tiles>::team_size;
+  INFO(describe(c, mode, causal) << ", " << longattn::detail::scalar_name<T>() << ", team size " << team_size);
   const int B = c.batch, N = c.tokens, H = c.heads, D = c.head_dim;
   const HostTensor q = random_tensor<T>(B, N, H, D, rng), k = random_tensor<T>(B, N, H, D, rng);
   const HostTensor v = random_tensor<T>(B, N, H, D, rng), d_o = random_tensor<T>(B, N, H, D, rng);
@@ -83,8 +85,8 @@ void check_against_reference(const Case& c, DilatedMode mode, bool causal, std::
   longattn::AttentionOptions opts;
   opts.causal = causal;
   const ExecSpace exec;
-  longattn::dilated_attention_forward(exec, qd, kd, vd, o, lse, config, opts);
-  longattn::dilated_attention_backward(exec, qd, kd, vd, o, dod, lse, dq, dk, dv, config, opts);
+  longattn::dilated_attention_forward<Tiles>(exec, qd, kd, vd, o, lse, config, opts);
+  longattn::dilated_attention_backward<Tiles>(exec, qd, kd, vd, o, dod, lse, dq, dk, dv, config, opts);
   exec.fence();
   // In the 16-bit types o is rounded once per configuration merged into it and a gradient once
   // per pass that adds to it.
@@ -97,7 +99,7 @@ void check_against_reference(const Case& c, DilatedMode mode, bool causal, std::
 
   // accumulate_gradients adds to what dq, dk, dv hold.
   opts.accumulate_gradients = true;
-  longattn::dilated_attention_backward(exec, qd, kd, vd, o, dod, lse, dq, dk, dv, config, opts);
+  longattn::dilated_attention_backward<Tiles>(exec, qd, kd, vd, o, dod, lse, dq, dk, dv, config, opts);
   HostTensor twice("2 dk", B, N, H, D);
   for (std::size_t i = 0; i < twice.span(); ++i) twice.data()[i] = 2 * dk_ref.data()[i];
   CHECK(relative_error(to_host(dk), twice) <= (longattn::is_half_v<T> ? 2 * rounds : 1) * gradient_tolerance<T>());
@@ -118,6 +120,25 @@ TEMPLATE_LIST_TEST_CASE("dilated attention matches the reference from the defini
         check_against_reference<TestType, longattn::float16>(c, mode, causal, rng);
       }
     }
+}
+
+// Both modes (merge_partial's kernel included), in the GPU's tile shape with teams of 2 and 4
+// threads on the host.
+TEMPLATE_LIST_TEST_CASE("dilated attention in the GPU's tile shape with several threads per team matches the "
+                        "reference",
+                        "[core][dilated][team_tiles]", longattn::test::TeamTileConfigs) {
+  if (!longattn::test::openmp_runs_team_of<TestType>()) return;
+#ifdef KOKKOS_ENABLE_OPENMP
+  std::mt19937_64 rng(longattn::test::test_seed());
+  for (const Case& c : cases)
+    for (DilatedMode mode : {DilatedMode::longnet, DilatedMode::head_groups}) {
+      if (mode == DilatedMode::head_groups && std::size_t(c.heads) < c.w.size()) continue;
+      for (bool causal : {false, true}) {
+        check_against_reference<Kokkos::OpenMP, float, TestType>(c, mode, causal, rng);
+        check_against_reference<Kokkos::OpenMP, double, TestType>(c, mode, causal, rng);
+      }
+    }
+#endif
 }
 
 TEMPLATE_LIST_TEST_CASE("dilated gradients match central finite differences", "[core][dilated]",

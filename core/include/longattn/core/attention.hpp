@@ -1,8 +1,8 @@
 // Exact softmax attention, forward and backward, fused and tiled (FlashAttention-2): never an
 // N x N matrix, O(N) memory, any Kokkos execution space.
 //
-//   attention_forward(exec, q, k, v, o, lse, opts[, blocks])
-//   attention_backward(exec, q, k, v, o, d_o, lse, dq, dk, dv, opts[, blocks])
+//   attention_forward[<Tiles>](exec, q, k, v, o, lse, opts[, blocks])
+//   attention_backward[<Tiles>](exec, q, k, v, o, d_o, lse, dq, dk, dv, opts[, blocks])
 //
 // Tensors are rank-4 views [B, N, H, D] (batch, tokens, heads, head dim) in any layout with
 // strides (LayoutRight, LayoutLeft, LayoutStride: a view of every r-th token is not a copy);
@@ -29,6 +29,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "longattn/core/attention_tiles.hpp"
 #include "longattn/core/dense_blocks.hpp"
 #include "longattn/core/half.hpp"
 #include "longattn/core/execution_context.hpp"
@@ -60,11 +61,11 @@ struct AttentionOptions {
 // Largest head dimension the kernels accept (scratch grows with it).
 inline constexpr int attention_max_head_dim = 256;
 
-// Tokens per block of the kernels on this execution space and scalar type: block patterns
-// (DenseBlocks, block-sparse layouts) are in these units.
-template <class ExecSpace, class T>
+// Tokens per block of the kernels on this execution space, scalar type and tile configuration
+// (attention_tiles.hpp): block patterns (DenseBlocks, block-sparse layouts) are in these units.
+template <class ExecSpace, class T, class Tiles = DefaultTiles>
 constexpr int attention_block_size() {
-  return detail::AttentionTiles<ExecSpace, accumulate_t<T>>::block;
+  return tiles_for_t<ExecSpace, Tiles>::template shape<accumulate_t<T>>::block;
 }
 
 template <class T>
@@ -73,10 +74,11 @@ std::size_t attention_backward_workspace_bytes(int batch, int heads, int queries
 }
 
 // Team scratch of the forward pass and of the larger of the two backward passes.
-template <class ExecSpace, class T>
+template <class ExecSpace, class T, class Tiles = DefaultTiles>
 std::size_t attention_scratch_bytes(int head_dim, bool backward) {
-  return backward ? detail::KeyGradientKernel<ExecSpace, T, DenseBlocks>::scratch_bytes(head_dim)
-                  : detail::ForwardKernel<ExecSpace, T, DenseBlocks>::scratch_bytes(head_dim);
+  using Resolved = tiles_for_t<ExecSpace, Tiles>;
+  return backward ? detail::KeyGradientKernel<ExecSpace, T, DenseBlocks, Resolved>::scratch_bytes(head_dim)
+                  : detail::ForwardKernel<ExecSpace, T, DenseBlocks, Resolved>::scratch_bytes(head_dim);
 }
 
 namespace detail {
@@ -241,10 +243,10 @@ inline double softmax_scale(const AttentionOptions& opts, int head_dim) {
 }
 
 // The dense pattern of q against k (extents are checked later, with everything else).
-template <class ExecSpace, class T, class Q, class K>
+template <class ExecSpace, class T, class Tiles, class Q, class K>
 DenseBlocks dense_blocks(const Q& q, const K& k, const AttentionOptions& opts) {
   DenseBlocks blocks;
-  if constexpr (attention_scalar<T>) blocks.block = attention_block_size<ExecSpace, T>();
+  if constexpr (attention_scalar<T>) blocks.block = attention_block_size<ExecSpace, T, Tiles>();
   blocks.queries = static_cast<int>(q.extent(1));
   blocks.keys = static_cast<int>(k.extent(1));
   blocks.query_offset = opts.query_offset;
@@ -260,9 +262,9 @@ struct has_memory_space<Pattern, std::void_t<typename Pattern::memory_space>> : 
 
 // A block pattern must be cut in the kernel's blocks, cover q's and k's tokens, have a pattern
 // for every (batch, head) and live where the kernels can read it.
-template <class ExecSpace, class T, class Blocks>
+template <class ExecSpace, class T, class Tiles, class Blocks>
 void check_blocks(const char* where, const Blocks& blocks, const AttentionGeometry& geo) {
-  const int block = attention_block_size<ExecSpace, T>();
+  const int block = attention_block_size<ExecSpace, T, Tiles>();
   require(blocks.block_size() == block, where, "blocks.block_size()", blocks.block_size(),
           std::to_string(block) + " (the kernel's block size here)");
   const int query_blocks = (geo.queries + block - 1) / block, key_blocks = (geo.keys + block - 1) / block;
@@ -279,26 +281,33 @@ void check_blocks(const char* where, const Blocks& blocks, const AttentionGeomet
                   "longattn attention: the block pattern's memory space is not accessible from the execution space");
 }
 
-// Runs a team kernel with its scratch in level 0 (fast: shared memory on a GPU) where it fits,
-// else level 1.
+// Runs a team kernel in teams of its tile configuration's size, with its scratch in level 0
+// (fast: shared memory on a GPU) where it fits, else level 1. A team larger than the space
+// can run (on a host space: more threads than it has) is an error, not Kokkos' abort.
 template <class ExecSpace, class Kernel>
 void run_team_kernel(const char* label, const ExecSpace& exec, Kernel kernel) {
   using Policy = Kokkos::TeamPolicy<ExecSpace, Kokkos::Schedule<Kokkos::Dynamic>>;
   const std::size_t bytes = Kernel::scratch_bytes(kernel.geo.head_dim);
   kernel.scratch_level = bytes <= std::size_t(Policy::scratch_size_max(0)) ? 0 : 1;
-  const Policy policy =
-      Policy(exec, kernel.league_size(), Kernel::Tiles::team_size)
-          .set_scratch_size(kernel.scratch_level, Kokkos::PerTeam(bytes));
+  const int team_size = Kernel::team_size;
+  const int team_size_max = Policy(exec, kernel.league_size(), 1)
+                                .set_scratch_size(kernel.scratch_level, Kokkos::PerTeam(bytes))
+                                .team_size_max(kernel, Kokkos::ParallelForTag());
+  require(team_size <= team_size_max, label, "Tiles::team_size", team_size,
+          "at most " + std::to_string(team_size_max) + ", the largest team " + ExecSpace::name() +
+              " runs here (a host space's teams are made of its threads)");
+  const Policy policy = Policy(exec, kernel.league_size(), team_size)
+                            .set_scratch_size(kernel.scratch_level, Kokkos::PerTeam(bytes));
   Kokkos::parallel_for(label, policy, kernel);
 }
 
 // The compiled entry points under attention_forward and attention_backward, one class per
-// (execution space, storage type S, block pattern). The members are defined out of line (not
+// (execution space, storage type S, block pattern, tile configuration). The members are defined out of line (not
 // inline), so that the `extern template` declarations of eti.hpp make a program link the
 // instantiations compiled into liblongattn_core for the enabled spaces and types instead of
 // compiling the kernels again in every translation unit; other combinations are instantiated
 // from these definitions as usual.
-template <class ExecSpace, class S, class Pattern>
+template <class ExecSpace, class S, class Pattern, class Tiles = typename default_tiles<ExecSpace>::type>
 struct AttentionKernels {
   using T = accumulate_t<S>;
   using Input = Tensor4<const S, ExecSpace>;
@@ -315,19 +324,19 @@ struct AttentionKernels {
                        const AttentionOptions& opts);
 };
 
-template <class ExecSpace, class S, class Pattern>
-void AttentionKernels<ExecSpace, S, Pattern>::forward(const ExecSpace& exec, const Input& q, const Input& k,
+template <class ExecSpace, class S, class Pattern, class Tiles>
+void AttentionKernels<ExecSpace, S, Pattern, Tiles>::forward(const ExecSpace& exec, const Input& q, const Input& k,
                                                       const Input& v, const Output& o,
                                                       const Tensor3<T, ExecSpace>& lse, const AttentionGeometry& geo,
                                                       const Pattern& pattern, const AttentionOptions& opts) {
   const double scale = softmax_scale(opts, geo.head_dim);
   run_team_kernel("longattn::attention_forward", exec,
-                  ForwardKernel<ExecSpace, S, Pattern>{q, k, v, o, lse, geo, pattern, T(scale * log2_e<double>()),
+                  ForwardKernel<ExecSpace, S, Pattern, Tiles>{q, k, v, o, lse, geo, pattern, T(scale * log2_e<double>()),
                                                        T(opts.output_scale), opts.accumulate_output, 0});
 }
 
-template <class ExecSpace, class S, class Pattern>
-void AttentionKernels<ExecSpace, S, Pattern>::backward(const ExecSpace& exec, const Input& q, const Input& k,
+template <class ExecSpace, class S, class Pattern, class Tiles>
+void AttentionKernels<ExecSpace, S, Pattern, Tiles>::backward(const ExecSpace& exec, const Input& q, const Input& k,
                                                        const Input& v, const Input& o, const Input& d_o,
                                                        const Tensor3<const T, ExecSpace>& lse, const Output& dq,
                                                        const Output& dk, const Output& dv, const Delta& delta,
@@ -340,10 +349,10 @@ void AttentionKernels<ExecSpace, S, Pattern>::backward(const ExecSpace& exec, co
                            exec, 0, std::int64_t(geo.batch) * geo.heads * geo.queries),
                        DeltaKernel<ExecSpace, S>{o, d_o, delta, geo.heads, geo.queries, geo.head_dim});
   run_team_kernel("longattn::attention_backward::dk_dv", exec,
-                  KeyGradientKernel<ExecSpace, S, Pattern>{q, k, v, d_o, lse, delta, dk, dv, geo, pattern, scale_log2,
+                  KeyGradientKernel<ExecSpace, S, Pattern, Tiles>{q, k, v, d_o, lse, delta, dk, dv, geo, pattern, scale_log2,
                                                            T(opts.output_scale), opts.accumulate_gradients, 0});
   run_team_kernel("longattn::attention_backward::dq", exec,
-                  QueryGradientKernel<ExecSpace, S, Pattern>{q, k, v, d_o, lse, delta, dq, geo, pattern, T(scale),
+                  QueryGradientKernel<ExecSpace, S, Pattern, Tiles>{q, k, v, d_o, lse, delta, dq, geo, pattern, T(scale),
                                                              scale_log2, T(opts.output_scale),
                                                              opts.accumulate_gradients, 0});
 }
@@ -356,29 +365,32 @@ LONGATTN_ETI_FOR_EACH(LONGATTN_ETI_STORAGE_TYPES, LONGATTN_ATTENTION_DENSE_ETI)
 }  // namespace detail
 
 // ---------------------------------------------------------------------------------------------
-template <class ExecSpace, class Q, class K, class V, class O, class Lse, class Blocks>
+// Tiles: the tile configuration (attention_tiles.hpp), the space's own unless given:
+// attention_forward<ThreadTiles<4>>(exec, ...) runs the GPU's shape of the kernels on a host space.
+template <class Tiles = DefaultTiles, class ExecSpace, class Q, class K, class V, class O, class Lse, class Blocks>
 void attention_forward(const ExecSpace& exec, const Q& q, const K& k, const V& v, const O& o,
                        const Lse& lse, const AttentionOptions& opts, const Blocks& blocks) {
   using T = longattn::scalar_of<Q>;
   const char* where = "longattn::attention_forward";
   const AttentionGeometry geo = check_attention_forward<ExecSpace, T>(where, q, k, v, o, lse, opts);
   if constexpr (detail::runnable_attention<T, Lse, K, V, O>) {
-    detail::check_blocks<ExecSpace, T>(where, blocks, geo);
-    detail::AttentionKernels<ExecSpace, T, Blocks>::forward(exec, q, k, v, o, lse, geo, blocks, opts);
+    detail::check_blocks<ExecSpace, T, Tiles>(where, blocks, geo);
+    detail::AttentionKernels<ExecSpace, T, Blocks, tiles_for_t<ExecSpace, Tiles>>::forward(exec, q, k, v, o, lse,
+                                                                                           geo, blocks, opts);
   }
 }
 
-template <class ExecSpace, class Q, class K, class V, class O, class Lse>
+template <class Tiles = DefaultTiles, class ExecSpace, class Q, class K, class V, class O, class Lse>
 void attention_forward(const ExecSpace& exec, const Q& q, const K& k, const V& v, const O& o,
                        const Lse& lse, const AttentionOptions& opts = {}) {
-  attention_forward(exec, q, k, v, o, lse, opts,
-                    detail::dense_blocks<ExecSpace, longattn::scalar_of<Q>>(q, k, opts));
+  attention_forward<Tiles>(exec, q, k, v, o, lse, opts,
+                           detail::dense_blocks<ExecSpace, longattn::scalar_of<Q>, Tiles>(q, k, opts));
 }
 
 // ---------------------------------------------------------------------------------------------
 // `on`: an execution space instance, or an ExecutionContext whose pool Delta comes from.
-template <class On, class Q, class K, class V, class O, class DO, class Lse, class DQ, class DK, class DV,
-          class Blocks>
+template <class Tiles = DefaultTiles, class On, class Q, class K, class V, class O, class DO, class Lse, class DQ,
+          class DK, class DV, class Blocks>
 void attention_backward(const On& on, const Q& q, const K& k, const V& v, const O& o, const DO& d_o, const Lse& lse,
                         const DQ& dq, const DK& dk, const DV& dv, const AttentionOptions& opts, const Blocks& blocks) {
   using ExecSpace = execution_space_of<On>;
@@ -388,19 +400,20 @@ void attention_backward(const On& on, const Q& q, const K& k, const V& v, const 
       check_attention_backward<ExecSpace, T>(where, q, k, v, o, d_o, lse, dq, dk, dv, opts);
 
   if constexpr (detail::runnable_attention<T, Lse, K, V, O, DO, DQ, DK, DV>) {
-    detail::check_blocks<ExecSpace, T>(where, blocks, geo);
+    detail::check_blocks<ExecSpace, T, Tiles>(where, blocks, geo);
     const auto& context = context_of(on);
-    using Kernels = detail::AttentionKernels<ExecSpace, T, Blocks>;
+    using Kernels = detail::AttentionKernels<ExecSpace, T, Blocks, tiles_for_t<ExecSpace, Tiles>>;
     const auto delta = context.template allocate<typename Kernels::Delta>(geo.batch, geo.heads, geo.queries);
     Kernels::backward(context.exec(), q, k, v, o, d_o, lse, dq, dk, dv, delta.view(), geo, blocks, opts);
   }
 }
 
-template <class On, class Q, class K, class V, class O, class DO, class Lse, class DQ, class DK, class DV>
+template <class Tiles = DefaultTiles, class On, class Q, class K, class V, class O, class DO, class Lse, class DQ,
+          class DK, class DV>
 void attention_backward(const On& on, const Q& q, const K& k, const V& v, const O& o, const DO& d_o, const Lse& lse,
                         const DQ& dq, const DK& dk, const DV& dv, const AttentionOptions& opts = {}) {
-  attention_backward(on, q, k, v, o, d_o, lse, dq, dk, dv, opts,
-                     detail::dense_blocks<execution_space_of<On>, longattn::scalar_of<Q>>(q, k, opts));
+  attention_backward<Tiles>(on, q, k, v, o, d_o, lse, dq, dk, dv, opts,
+                            detail::dense_blocks<execution_space_of<On>, longattn::scalar_of<Q>, Tiles>(q, k, opts));
 }
 
 }  // namespace longattn

@@ -1,7 +1,7 @@
 // Dilated attention (LongNet), forward and backward, on the fused attention kernel:
 //
-//   dilated_attention_forward(exec, q, k, v, o, lse, config[, opts])
-//   dilated_attention_backward(exec, q, k, v, o, d_o, lse, dq, dk, dv, config[, opts])
+//   dilated_attention_forward[<Tiles>](exec, q, k, v, o, lse, config[, opts])
+//   dilated_attention_backward[<Tiles>](exec, q, k, v, o, d_o, lse, dq, dk, dv, config[, opts])
 //
 // Configuration i = (segment length w_i, dilation rate r_i), r_i dividing w_i. The sequence is
 // cut into segments of w_i tokens (the last may be shorter); inside a segment the tokens at
@@ -213,7 +213,7 @@ inline double dilated_attention_scores(std::int64_t tokens, int heads, const Dil
 
 // ---------------------------------------------------------------------------------------------
 // `on`: an execution space instance, or an ExecutionContext whose pool the partial results come from.
-template <class On, class Q, class K, class V, class O, class Lse>
+template <class Tiles = DefaultTiles, class On, class Q, class K, class V, class O, class Lse>
 void dilated_attention_forward(const On& on, const Q& q, const K& k, const V& v, const O& o, const Lse& lse,
                                const DilatedConfig& config, const AttentionOptions& opts = {}) {
   using ExecSpace = execution_space_of<On>;
@@ -255,11 +255,11 @@ void dilated_attention_forward(const On& on, const Q& q, const K& k, const V& v,
       const auto o_run = dilated::select_tokens(o, b, pass, run);
       const auto lse_run = dilated::select_rows(lse, b, pass, run);
       if (config.mode == DilatedMode::head_groups || pass.config == 0) {
-        attention_forward(exec, q_run, k_run, v_run, o_run, lse_run, pass_opts);
+        attention_forward<Tiles>(exec, q_run, k_run, v_run, o_run, lse_run, pass_opts);
       } else {
         const auto o_part_run = dilated::select_tokens(o_part, b, pass, run);
         const auto lse_part_run = dilated::select_rows(lse_part, b, pass, run);
-        attention_forward(exec, q_run, k_run, v_run, o_part_run, lse_part_run, pass_opts);
+        attention_forward<Tiles>(exec, q_run, k_run, v_run, o_part_run, lse_part_run, pass_opts);
         merge_partial(exec, o_run, lse_run, o_part_run, lse_part_run);
       }
     });
@@ -268,7 +268,8 @@ void dilated_attention_forward(const On& on, const Q& q, const K& k, const V& v,
 
 // Gradients of sum(d_o * o) for the o that dilated_attention_forward returned with this lse.
 // Written into dq, dk, dv, or added to them with opts.accumulate_gradients.
-template <class On, class Q, class K, class V, class O, class DO, class Lse, class DQ, class DK, class DV>
+template <class Tiles = DefaultTiles, class On, class Q, class K, class V, class O, class DO, class Lse, class DQ,
+          class DK, class DV>
 void dilated_attention_backward(const On& on, const Q& q, const K& k, const V& v, const O& o, const DO& d_o,
                                 const Lse& lse, const DQ& dq, const DK& dk, const DV& dv, const DilatedConfig& config,
                                 const AttentionOptions& opts = {}) {
@@ -288,15 +289,16 @@ void dilated_attention_backward(const On& on, const Q& q, const K& k, const V& v
     }
     AttentionOptions pass_opts = dilated::pass_options(opts, config);
     pass_opts.accumulate_gradients = true;  // a token's passes sum their gradients
-    dilated::for_each_run(
-        dilated::passes(config, geo.heads), geo.batch, geo.queries,
-        [&](const dilated::Pass& pass, const dilated::SegmentRun& run, int b) {
-          attention_backward(context, dilated::select_tokens(q, b, pass, run), dilated::select_tokens(k, b, pass, run),
-                             dilated::select_tokens(v, b, pass, run), dilated::select_tokens(o, b, pass, run),
-                             dilated::select_tokens(d_o, b, pass, run), dilated::select_rows(lse, b, pass, run),
-                             dilated::select_tokens(dq, b, pass, run), dilated::select_tokens(dk, b, pass, run),
-                             dilated::select_tokens(dv, b, pass, run), pass_opts);
-        });
+    dilated::for_each_run(dilated::passes(config, geo.heads), geo.batch, geo.queries,
+                          [&](const dilated::Pass& pass, const dilated::SegmentRun& run, int b) {
+                            attention_backward<Tiles>(
+                                context, dilated::select_tokens(q, b, pass, run),
+                                dilated::select_tokens(k, b, pass, run), dilated::select_tokens(v, b, pass, run),
+                                dilated::select_tokens(o, b, pass, run), dilated::select_tokens(d_o, b, pass, run),
+                                dilated::select_rows(lse, b, pass, run), dilated::select_tokens(dq, b, pass, run),
+                                dilated::select_tokens(dk, b, pass, run), dilated::select_tokens(dv, b, pass, run),
+                                pass_opts);
+                          });
   }
 }
 

@@ -10,7 +10,10 @@
 // Scores are kept in log2 units: the resident Q block is pre-multiplied by scale * log2(e), so
 // the softmax is exp2 of differences, and LSE is converted to the natural log on output.
 // Every product is detail::tile_mma on team scratch; only block loads and stores touch the
-// (possibly strided) global views. The kernels are templated on the storage type S of the
+// (possibly strided) global views. The tile configuration Tiles (attention_tiles.hpp) sets the
+// block, the micro-tiles and the team size; every stage is a TeamThreadRange over the team, and
+// a team barrier separates a stage that writes scratch from the next that reads it, so the
+// kernels are the same for one thread per team (the host's SimdTiles) and many (ThreadTiles). The kernels are templated on the storage type S of the
 // tensors (float, double, bfloat16, float16) and compute in T = accumulate_t<S>: 16-bit
 // tensors are converted on load and rounded on store; scratch, LSE and Delta are float.
 #pragma once
@@ -19,6 +22,19 @@
 
 #include <cstdint>
 
+#if defined(__SANITIZE_THREAD__)
+#define LONGATTN_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define LONGATTN_TSAN 1
+#endif
+#endif
+#if defined(LONGATTN_TSAN) && !defined(__CUDA_ARCH__)
+#define LONGATTN_TSAN_ANNOTATE 1
+#include <sanitizer/tsan_interface.h>
+#endif
+
+#include "longattn/core/attention_tiles.hpp"
 #include "longattn/core/dense_blocks.hpp"
 #include "longattn/core/half.hpp"
 #include "longattn/core/detail/tile_mma.hpp"
@@ -62,6 +78,51 @@ struct ScratchArena {
   static constexpr std::size_t bytes(std::size_t count, std::size_t element) {
     return count * element + alignment;
   }
+};
+
+// The team barrier of the kernels: team.team_barrier(), which under ThreadSanitizer also tells
+// TSan what it guarantees. Kokkos' host barriers synchronize through atomics TSan does not see,
+// so without this every read of scratch after a barrier would be reported; with it, a missing
+// barrier still is. Each member releases a sync object on arrival and acquires it on leaving.
+// Two objects, alternating: a member past this barrier that reaches the next one must not
+// release into the object a slower member has yet to acquire. A third one stands for the
+// rendezvous Kokkos holds between a team's work items (no member starts the next block before
+// all have finished this one): acquired when the kernel's operator() starts, released when it
+// ends. `team_memory`: an address this team, and no other team running at the same time, owns
+// (its first scratch array).
+template <class Member>
+class TeamBarrier {
+ public:
+  KOKKOS_INLINE_FUNCTION TeamBarrier(const Member& team, const void* team_memory)
+      : team_(team), sync_(static_cast<const char*>(team_memory)) {
+#ifdef LONGATTN_TSAN_ANNOTATE
+    __tsan_acquire(const_cast<char*>(sync_ + 2));
+#endif
+  }
+  KOKKOS_INLINE_FUNCTION ~TeamBarrier() {
+#ifdef LONGATTN_TSAN_ANNOTATE
+    __tsan_release(const_cast<char*>(sync_ + 2));
+#endif
+  }
+  TeamBarrier(const TeamBarrier&) = delete;
+  TeamBarrier& operator=(const TeamBarrier&) = delete;
+
+  KOKKOS_INLINE_FUNCTION void operator()() {
+#ifdef LONGATTN_TSAN_ANNOTATE
+    void* sync = const_cast<char*>(sync_ + (count_++ & 1));
+    __tsan_release(sync);
+    team_.team_barrier();
+    __tsan_acquire(sync);
+#else
+    (void)sync_, (void)count_;
+    team_.team_barrier();
+#endif
+  }
+
+ private:
+  const Member& team_;
+  const char* sync_;
+  int count_ = 0;
 };
 
 // Tokens in the block that starts at `first` (the last block of a sequence may be short).
@@ -137,14 +198,16 @@ KOKKOS_INLINE_FUNCTION void prefetch_rows(const Tensor& x, int b, int h, int fir
 // Forward. Scratch (L = block tokens, D = head dim): Qt[D][L] (queries along lanes), K and V
 // blocks [L][D], St[L][L] (scores, then probabilities, key-major), Ot[D][L] (unnormalized
 // output), running max m[L] and sum l[L].
-template <class ExecSpace, class S, class Pattern>
+template <class ExecSpace, class S, class Pattern, class Tiles>
 struct ForwardKernel {
   using T = accumulate_t<S>;
-  using Tiles = AttentionTiles<ExecSpace, T>;
+  using Shape = typename Tiles::template shape<T>;
   using Member = typename Kokkos::TeamPolicy<ExecSpace>::member_type;
-  using P = Pack<T, Tiles::lanes>;
-  static constexpr int L = Tiles::block;
-  static constexpr int W = Tiles::lanes;
+  using P = Pack<T, Shape::lanes>;
+  static constexpr int L = Shape::block;
+  static constexpr int W = Shape::lanes;
+  static constexpr int team_size = Tiles::team_size;
+  static_assert(L % (Shape::packs * W) == 0, "a block is a whole number of micro-tile columns");
 
   Tensor4<const S, ExecSpace> q, k, v;
   Tensor4<S, ExecSpace> o;
@@ -176,6 +239,7 @@ struct ForwardKernel {
     T* ot = arena.template take<T>(D * L);
     T* m = arena.template take<T>(L);
     T* l = arena.template take<T>(L);
+    TeamBarrier<Member> barrier(team, qt);
 
     load_transposed<L>(team, q, b, h, q_first, q_count, D, scale_log2, qt);
     // The running softmax starts empty (m = -inf, l = 0, Ot = 0), or, when accumulating, as the
@@ -190,7 +254,7 @@ struct ForwardKernel {
       if (!empty)
         for (int d = 0; d < D; ++d) ot[d * L + i] = o(b, q_first + i, h, d) / output_scale;
     });
-    team.team_barrier();
+    barrier();
 
     const BlockList visited = pattern.visited_key_blocks(b, h, qb);
     const int visits = visited.count;
@@ -198,21 +262,21 @@ struct ForwardKernel {
       const int k_first = visited[n] * L;
       const int k_count = tokens_in_block(k_first, geo.keys, L);
       load_rows(team, k, v, b, h, k_first, k_count, D, ks, vs);
-      team.team_barrier();
+      barrier();
       // The next block's K rows are fetched during this product, its V rows during the other.
       const int next_first = n + 1 < visits ? visited[n + 1] * L : 0;
       const int next_count = n + 1 < visits ? tokens_in_block(next_first, geo.keys, L) : 0;
       // St[j][i] = sum_d K[j][d] Qt[d][i]
-      tile_mma<Tiles>(team, k_count, L, D, ks, D, 1, qt, L, st, L, false, [&](int tile, int tiles) {
+      tile_mma<Shape>(team, k_count, L, D, ks, D, 1, qt, L, st, L, false, [&](int tile, int tiles) {
         prefetch_rows(k, b, h, next_first, next_count, D, tile, tiles);
       });
-      team.team_barrier();
+      barrier();
       if (geo.needs_mask(q_first, k_first, k_count)) {
         Kokkos::parallel_for(Kokkos::TeamThreadRange(team, k_count), [&](int j) {
           for (int i = 0; i < L; ++i)
             if (geo.masked(q_first + i, k_first + j)) st[j * L + i] = minus_infinity<T>();
         });
-        team.team_barrier();
+        barrier();
       }
       // Online softmax, one pack of queries at a time: new max, rescale l and Ot by
       // 2^(m_old - m_new), probabilities into St.
@@ -234,12 +298,12 @@ struct ForwardKernel {
         m_new.store(m + i);
         for (int d = 0; d < D; ++d) (P::load(ot + d * L + i) * alpha).store(ot + d * L + i);
       });
-      team.team_barrier();
+      barrier();
       // Ot[d][i] += sum_j V[j][d] Pt[j][i]
-      tile_mma<Tiles>(team, D, L, k_count, vs, 1, D, st, L, ot, L, true, [&](int tile, int tiles) {
+      tile_mma<Shape>(team, D, L, k_count, vs, 1, D, st, L, ot, L, true, [&](int tile, int tiles) {
         prefetch_rows(v, b, h, next_first, next_count, D, tile, tiles);
       });
-      team.team_barrier();
+      barrier();
     }
 
     // O = output_scale Ot / l; LSE = ln(2) (m + log2 l). A query that sees no key gets O = 0,
@@ -287,14 +351,16 @@ KOKKOS_INLINE_FUNCTION void load_row_statistics(const Lse& lse, const Delta& del
 // ---------------------------------------------------------------------------------------------
 // dK and dV. Keys along lanes. Scratch: Kt[D][L], Vt[D][L], the query block's Q (scaled) and
 // dO [L][D], S[L][L] (then P), dP[L][L] (then dS), dKt[D][L], dVt[D][L], lse2[L], delta[L].
-template <class ExecSpace, class S, class Pattern>
+template <class ExecSpace, class S, class Pattern, class Tiles>
 struct KeyGradientKernel {
   using T = accumulate_t<S>;
-  using Tiles = AttentionTiles<ExecSpace, T>;
+  using Shape = typename Tiles::template shape<T>;
   using Member = typename Kokkos::TeamPolicy<ExecSpace>::member_type;
-  using P = Pack<T, Tiles::lanes>;
-  static constexpr int L = Tiles::block;
-  static constexpr int W = Tiles::lanes;
+  using P = Pack<T, Shape::lanes>;
+  static constexpr int L = Shape::block;
+  static constexpr int W = Shape::lanes;
+  static constexpr int team_size = Tiles::team_size;
+  static_assert(L % (Shape::packs * W) == 0, "a block is a whole number of micro-tile columns");
 
   Tensor4<const S, ExecSpace> q, k, v, d_o;
   Tensor3<const T, ExecSpace> lse;
@@ -330,6 +396,7 @@ struct KeyGradientKernel {
     T* dvt = arena.template take<T>(D * L);
     T* lse2 = arena.template take<T>(L);
     T* delta_rows = arena.template take<T>(L);
+    TeamBarrier<Member> barrier(team, kt);
 
     load_transposed<L>(team, k, b, h, k_first, k_count, D, T(1), kt);
     load_transposed<L>(team, v, b, h, k_first, k_count, D, T(1), vt);
@@ -341,7 +408,7 @@ struct KeyGradientKernel {
     for (int n = 0; n < visits; ++n) {
       const int q_first = visiting[n] * L;
       const int q_count = tokens_in_block(q_first, geo.queries, L);
-      team.team_barrier();  // the previous block's products are done with qs, dos, s, dp
+      barrier();  // the previous block's products are done with qs, dos, s, dp
       Kokkos::parallel_for(Kokkos::TeamThreadRange(team, q_count), [&](int i) {
         for (int d = 0; d < D; ++d) {
           qs[i * D + d] = q(b, q_first + i, h, d) * scale_log2;
@@ -349,25 +416,25 @@ struct KeyGradientKernel {
         }
         load_row_statistics(lse, delta, b, h, q_first + i, lse2[i], delta_rows[i]);
       });
-      team.team_barrier();
+      barrier();
       // The next query block's Q rows are fetched during the first product, dO rows during the second.
       const int next_first = n + 1 < visits ? visiting[n + 1] * L : 0;
       const int next_count = n + 1 < visits ? tokens_in_block(next_first, geo.queries, L) : 0;
       // S[i][j] = sum_d Q[i][d] Kt[d][j];  dP[i][j] = sum_d dO[i][d] Vt[d][j]
-      tile_mma<Tiles>(team, q_count, L, D, qs, D, 1, kt, L, s, L, false, [&](int tile, int tiles) {
+      tile_mma<Shape>(team, q_count, L, D, qs, D, 1, kt, L, s, L, false, [&](int tile, int tiles) {
         prefetch_rows(q, b, h, next_first, next_count, D, tile, tiles);
       });
-      tile_mma<Tiles>(team, q_count, L, D, dos, D, 1, vt, L, dp, L, false, [&](int tile, int tiles) {
+      tile_mma<Shape>(team, q_count, L, D, dos, D, 1, vt, L, dp, L, false, [&](int tile, int tiles) {
         prefetch_rows(d_o, b, h, next_first, next_count, D, tile, tiles);
       });
-      team.team_barrier();
+      barrier();
       // Keys past the end of the sequence are masked too: their lanes hold zero-padded K.
       if (geo.needs_mask(q_first, k_first, k_count) || k_count < L) {
         Kokkos::parallel_for(Kokkos::TeamThreadRange(team, q_count), [&](int i) {
           for (int j = 0; j < L; ++j)
             if (j >= k_count || geo.masked(q_first + i, k_first + j)) s[i * L + j] = minus_infinity<T>();
         });
-        team.team_barrier();
+        barrier();
       }
       // P = 2^(S - lse2);  dS = P (dP - Delta)
       Kokkos::parallel_for(Kokkos::TeamThreadRange(team, q_count * (L / W)), [&](int item) {
@@ -376,12 +443,12 @@ struct KeyGradientKernel {
         p.store(s + i * L + j);
         (p * (P::load(dp + i * L + j) - P::broadcast(delta_rows[i]))).store(dp + i * L + j);
       });
-      team.team_barrier();
+      barrier();
       // dVt[d][j] += sum_i dO[i][d] P[i][j];  dKt[d][j] += sum_i Q[i][d] dS[i][j]
-      tile_mma<Tiles>(team, D, L, q_count, dos, 1, D, s, L, dvt, L, true);
-      tile_mma<Tiles>(team, D, L, q_count, qs, 1, D, dp, L, dkt, L, true);
+      tile_mma<Shape>(team, D, L, q_count, dos, 1, D, s, L, dvt, L, true);
+      tile_mma<Shape>(team, D, L, q_count, qs, 1, D, dp, L, dkt, L, true);
     }
-    team.team_barrier();
+    barrier();
 
     // dK = scale * dS^T Q; Q was scaled by scale * log2(e), so dKt carries an extra log2(e).
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, k_count), [&](int j) {
@@ -398,14 +465,16 @@ struct KeyGradientKernel {
 // ---------------------------------------------------------------------------------------------
 // dQ. Queries along lanes, like the forward pass. Scratch: Qt[D][L] (scaled), dOt[D][L], K and
 // V blocks [L][D], St[L][L] (then P), dPt[L][L] (then dS), dQt[D][L], lse2[L], delta[L].
-template <class ExecSpace, class S, class Pattern>
+template <class ExecSpace, class S, class Pattern, class Tiles>
 struct QueryGradientKernel {
   using T = accumulate_t<S>;
-  using Tiles = AttentionTiles<ExecSpace, T>;
+  using Shape = typename Tiles::template shape<T>;
   using Member = typename Kokkos::TeamPolicy<ExecSpace>::member_type;
-  using P = Pack<T, Tiles::lanes>;
-  static constexpr int L = Tiles::block;
-  static constexpr int W = Tiles::lanes;
+  using P = Pack<T, Shape::lanes>;
+  static constexpr int L = Shape::block;
+  static constexpr int W = Shape::lanes;
+  static constexpr int team_size = Tiles::team_size;
+  static_assert(L % (Shape::packs * W) == 0, "a block is a whole number of micro-tile columns");
 
   Tensor4<const S, ExecSpace> q, k, v, d_o;
   Tensor3<const T, ExecSpace> lse;
@@ -441,6 +510,7 @@ struct QueryGradientKernel {
     T* dqt = arena.template take<T>(D * L);
     T* lse2 = arena.template take<T>(L);
     T* delta_rows = arena.template take<T>(L);
+    TeamBarrier<Member> barrier(team, qt);
 
     load_transposed<L>(team, q, b, h, q_first, q_count, D, scale_log2, qt);
     load_transposed<L>(team, d_o, b, h, q_first, q_count, D, output_scale, dot);
@@ -459,25 +529,25 @@ struct QueryGradientKernel {
     for (int n = 0; n < visits; ++n) {
       const int k_first = visited[n] * L;
       const int k_count = tokens_in_block(k_first, geo.keys, L);
-      team.team_barrier();
+      barrier();
       load_rows(team, k, v, b, h, k_first, k_count, D, ks, vs);
-      team.team_barrier();
+      barrier();
       const int next_first = n + 1 < visits ? visited[n + 1] * L : 0;
       const int next_count = n + 1 < visits ? tokens_in_block(next_first, geo.keys, L) : 0;
       // St[j][i] = sum_d K[j][d] Qt[d][i];  dPt[j][i] = sum_d V[j][d] dOt[d][i]
-      tile_mma<Tiles>(team, k_count, L, D, ks, D, 1, qt, L, st, L, false, [&](int tile, int tiles) {
+      tile_mma<Shape>(team, k_count, L, D, ks, D, 1, qt, L, st, L, false, [&](int tile, int tiles) {
         prefetch_rows(k, b, h, next_first, next_count, D, tile, tiles);
       });
-      tile_mma<Tiles>(team, k_count, L, D, vs, D, 1, dot, L, dpt, L, false, [&](int tile, int tiles) {
+      tile_mma<Shape>(team, k_count, L, D, vs, D, 1, dot, L, dpt, L, false, [&](int tile, int tiles) {
         prefetch_rows(v, b, h, next_first, next_count, D, tile, tiles);
       });
-      team.team_barrier();
+      barrier();
       if (geo.needs_mask(q_first, k_first, k_count)) {
         Kokkos::parallel_for(Kokkos::TeamThreadRange(team, k_count), [&](int j) {
           for (int i = 0; i < L; ++i)
             if (geo.masked(q_first + i, k_first + j)) st[j * L + i] = minus_infinity<T>();
         });
-        team.team_barrier();
+        barrier();
       }
       // dSt = 2^(St - lse2) (dPt - Delta)
       Kokkos::parallel_for(Kokkos::TeamThreadRange(team, k_count * (L / W)), [&](int item) {
@@ -485,11 +555,11 @@ struct QueryGradientKernel {
         const P p = exp2(P::load(st + j * L + i) - P::load(lse2 + i));
         (p * (P::load(dpt + j * L + i) - P::load(delta_rows + i))).store(dpt + j * L + i);
       });
-      team.team_barrier();
+      barrier();
       // dQt[d][i] += sum_j K[j][d] dSt[j][i]
-      tile_mma<Tiles>(team, D, L, k_count, ks, 1, D, dpt, L, dqt, L, true);
+      tile_mma<Shape>(team, D, L, k_count, ks, 1, D, dpt, L, dqt, L, true);
     }
-    team.team_barrier();
+    barrier();
 
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, q_count), [&](int i) {
       for (int d = 0; d < D; ++d) {

@@ -1,42 +1,11 @@
-// The tile shapes of the attention kernels per execution space, and the one matrix-multiply
-// micro-kernel that every product in them (S = K Q^T, O += V^T P, the four backward products)
-// runs on.
+// The one matrix-multiply micro-kernel that every product of the attention kernels (S = K Q^T,
+// O += V^T P, the four backward products) runs on, in the micro-tiles of a tile shape
+// (attention_tiles.hpp).
 #pragma once
 
 #include "longattn/core/detail/pack.hpp"
 
 namespace longattn::detail {
-
-// Tile shapes. A kernel keeps one block of `block` tokens resident in scratch with the tokens
-// along the lanes (queries in the forward pass, keys in the backward dK/dV pass) and streams
-// blocks of `block` tokens of the other side past it. Each product is cut into micro-tiles of
-// `rows` x (`packs` x `lanes`) accumulators held in registers; a team's threads share out the
-// micro-tiles.
-//
-// Host: one thread per team, a pack is one SIMD register; 4 x 4 registers of 16 floats keep
-// two FMA ports busy with 4 vector loads and 4 broadcasts per 16 FMAs (measured 110-125
-// GFLOP/s of ~133 on one Sapphire Rapids core with the operands in L1).
-template <class ExecSpace, class T, class Enable = void>
-struct AttentionTiles {
-  static constexpr int lanes = host_simd_bytes / static_cast<int>(sizeof(T));
-  static constexpr int packs = 4;
-  static constexpr int rows = host_simd_bytes == 64 ? 4 : 2;  // 16 accumulators fit 32 zmm
-  static constexpr int block = 64;
-  static constexpr int team_size = 1;
-};
-
-#ifdef KOKKOS_ENABLE_CUDA
-// CUDA: one lane per thread, 4 x 1 micro-tiles, 128 threads per team. Correct and portable;
-// the tensor-core kernels for Hopper replace it (the CUDA issue).
-template <class T>
-struct AttentionTiles<Kokkos::Cuda, T> {
-  static constexpr int lanes = 1;
-  static constexpr int packs = 1;
-  static constexpr int rows = 4;
-  static constexpr int block = 64;
-  static constexpr int team_size = 128;
-};
-#endif
 
 // One micro-tile: C[r][c] = (accumulate ? C[r][c] : 0) + sum_k A(r, k) * B[k][c] for R rows and
 // V packs of columns, with A(r, k) = a[r * a_row_stride + k * a_depth_stride] (broadcast) and
@@ -72,12 +41,12 @@ struct NoHook {
 // packs * lanes; rows and depth are any count (ragged tiles at the end of a sequence).
 // after_tile(tile, tiles) runs after each micro-tile: the kernels spread the prefetches of the
 // next block over the product with it, so that they never queue up behind each other.
-template <class Tiles, class Member, class T, class Hook = NoHook>
+template <class Shape, class Member, class T, class Hook = NoHook>
 KOKKOS_INLINE_FUNCTION void tile_mma(const Member& team, int rows, int cols, int depth,
                                      const T* a, int a_row_stride, int a_depth_stride,
                                      const T* b, int ldb, T* c, int ldc, bool accumulate,
                                      const Hook& after_tile = Hook()) {
-  constexpr int R = Tiles::rows, V = Tiles::packs, W = Tiles::lanes;
+  constexpr int R = Shape::rows, V = Shape::packs, W = Shape::lanes;
   const int col_tiles = cols / (V * W);
   const int full_row_tiles = rows / R;
   const int row_tiles = full_row_tiles + rows % R;  // leftover rows one at a time

@@ -1,0 +1,79 @@
+// The tile configuration of the attention kernels: how a team cuts its block of work. It is a
+// template parameter of the kernels, not a consequence of the backend, so that the host can run
+// the GPU's shape of the code (several threads per team sharing micro-tiles, team barriers
+// between stages) and the tests can check it there.
+//
+// A configuration is a type with
+//   static constexpr int team_size;      threads per team
+//   template <class T> struct shape {    for the accumulation type T:
+//     static constexpr int block;        tokens per block (block patterns are in these units)
+//     static constexpr int rows, packs;  a micro-tile: rows x packs accumulators, in registers
+//     static constexpr int lanes;        values of T per pack (a SIMD register, or one scalar)
+//   };
+// A kernel keeps one block resident in team scratch with its tokens along the lanes and streams
+// blocks of the other side past it; the team's threads share out the micro-tiles of every
+// product (detail/tile_mma.hpp). `block` must be a multiple of packs x lanes.
+//
+//   SimdTiles         the host's: one thread per team, a pack is one SIMD register.
+//   ThreadTiles<N>    the GPU's: N threads per team, one lane per thread, 4 x 1 micro-tiles.
+//   DefaultTiles      the execution space's own (default_tiles_t): ThreadTiles<128> on
+//                     Kokkos::Cuda, SimdTiles on the host spaces.
+// attention_forward<Tiles>(...) and the functions above it take one as their first template
+// argument; the library's compiled kernels (ETI) are those of DefaultTiles.
+#pragma once
+
+#include <Kokkos_Core.hpp>
+
+#include <type_traits>
+
+#include "longattn/core/detail/pack.hpp"
+
+namespace longattn {
+
+// 4 x 4 registers of 16 floats keep two FMA ports busy with 4 vector loads and 4 broadcasts per
+// 16 FMAs (measured 110-125 GFLOP/s of ~133 on one Sapphire Rapids core with the operands in L1).
+struct SimdTiles {
+  static constexpr int team_size = 1;
+  template <class T>
+  struct shape {
+    static constexpr int lanes = detail::host_simd_bytes / static_cast<int>(sizeof(T));
+    static constexpr int packs = 4;
+    static constexpr int rows = detail::host_simd_bytes == 64 ? 4 : 2;  // 16 accumulators of 32 zmm
+    static constexpr int block = 64;
+  };
+};
+
+// One lane per thread: a 64 x 64 product is 1024 micro-tiles of 4 x 1, 8 per thread of a
+// 128-thread team. Correct and portable; tensor-core kernels for Hopper would be a third shape.
+template <int TeamSize>
+struct ThreadTiles {
+  static_assert(TeamSize >= 1, "a team has at least one thread");
+  static constexpr int team_size = TeamSize;
+  template <class T>
+  struct shape {
+    static constexpr int lanes = 1;
+    static constexpr int packs = 1;
+    static constexpr int rows = 4;
+    static constexpr int block = 64;
+  };
+};
+
+// Stands for the execution space's own configuration.
+struct DefaultTiles {};
+
+template <class ExecSpace>
+struct default_tiles {
+  using type = SimdTiles;
+};
+#ifdef KOKKOS_ENABLE_CUDA
+template <>
+struct default_tiles<Kokkos::Cuda> {
+  using type = ThreadTiles<128>;
+};
+#endif
+
+// Tiles, with DefaultTiles replaced by the space's own.
+template <class ExecSpace, class Tiles = DefaultTiles>
+using tiles_for_t = std::conditional_t<std::is_same_v<Tiles, DefaultTiles>, typename default_tiles<ExecSpace>::type, Tiles>;
+
+}  // namespace longattn
