@@ -1,12 +1,15 @@
 // MultiheadAttention: forward against a naive double composition (projections, the reference
 // attention of the spec, LayerNorm, output projection), backward by central finite differences
 // of every parameter and input, gradient accumulation, MAGNETO initialization, the spec parser
-// and the factory, and bad input.
+// and the factory, and bad input. LayerNorm's kernels on their own against their formulas.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "execution_spaces.hpp"
@@ -18,6 +21,7 @@
 #include "reference/dilated.hpp"
 #include "reference/random.hpp"
 #include "reference/tensors.hpp"
+#include "team_tiles.hpp"
 
 namespace {
 
@@ -369,6 +373,104 @@ TEST_CASE("MultiheadAttention rejects bad input with a longattn::Error", "[core]
   CHECK_THROWS_WITH(module.backward(y, x), Catch::Contains("argument 'dx' is overlapping x (of the forward pass)"));
   CHECK_NOTHROW(module.backward(y, dx));
   CHECK_THROWS_WITH(module.activation_bytes(-1, 5), Catch::Contains("'batch' is -1, expected a count >= 0"));
+}
+
+// LayerNorm's kernels against the formulas in double: y = x_hat gamma + beta with x_hat =
+// (x - mean) rstd; dx = rstd (g - mean(g) - x_hat mean(g x_hat)) for g = dy gamma; dgamma and
+// dbeta add sum_r dy x_hat and sum_r dy to what they hold. Row-major and column-major (strided)
+// matrices, odd sizes.
+namespace {
+
+template <class ExecSpace, class T, class Layout>
+void check_layer_norm(int rows, int E, std::mt19937_64& rng) {
+  using Memory = typename ExecSpace::memory_space;
+  using Matrix = Kokkos::View<T**, Layout, Memory>;
+  using Vector = Kokkos::View<T*, Memory>;
+  INFO("rows " << rows << " E " << E << (std::is_same_v<Layout, Kokkos::LayoutLeft> ? " column-major" : "") << ", "
+               << longattn::detail::scalar_name<T>() << ", seed " << longattn::test::test_seed());
+  std::uniform_real_distribution<double> uniform(-1.0, 1.0);
+  // Fills a view with random values and returns a host copy of them (a copy even when the view
+  // is in host memory: dgamma and dbeta change).
+  auto random_values = [&](auto view) {
+    auto host = Kokkos::create_mirror(Kokkos::HostSpace(), view);
+    for (std::size_t i = 0; i < host.span(); ++i) host.data()[i] = T(uniform(rng));
+    Kokkos::deep_copy(view, host);
+    return host;
+  };
+  const Matrix x("x", rows, E), dy("dy", rows, E), y("y", rows, E), dx("dx", rows, E);
+  const Vector gamma("gamma", E), beta("beta", E), dgamma("dgamma", E), dbeta("dbeta", E);
+  const Vector mean("mean", rows), rstd("rstd", rows);
+  const auto xh = random_values(x), dyh = random_values(dy);
+  const auto gh = random_values(gamma), bh = random_values(beta), dgh = random_values(dgamma), dbh = random_values(dbeta);
+  const double eps = 1e-5;
+  const ExecSpace exec;
+  longattn::layer_norm_forward(exec, x, gamma, beta, eps, y, mean, rstd);
+  longattn::layer_norm_backward(exec, dy, x, gamma, mean, rstd, dx, dgamma, dbeta);
+  exec.fence();
+
+  const auto y_out = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), y);
+  const auto dx_out = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), dx);
+  const auto dg_out = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), dgamma);
+  const auto db_out = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), dbeta);
+  const double tol = std::is_same_v<T, float> ? 2e-5 : 1e-12;
+  double y_err = 0, dx_err = 0, dg_err = 0, db_err = 0;
+  std::vector<double> dg_ref(E), db_ref(E);
+  for (int e = 0; e < E; ++e) dg_ref[e] = dgh(e), db_ref[e] = dbh(e);
+  for (int r = 0; r < rows; ++r) {
+    double mu = 0, var = 0;
+    for (int e = 0; e < E; ++e) mu += xh(r, e);
+    mu /= E;
+    for (int e = 0; e < E; ++e) var += (xh(r, e) - mu) * (xh(r, e) - mu);
+    const double rs = 1 / std::sqrt(var / E + eps);
+    double mean_g = 0, mean_gx = 0;
+    for (int e = 0; e < E; ++e) {
+      const double x_hat = (xh(r, e) - mu) * rs, g = dyh(r, e) * gh(e);
+      y_err = std::max(y_err, std::abs(y_out(r, e) - (x_hat * gh(e) + bh(e))));
+      mean_g += g / E;
+      mean_gx += g * x_hat / E;
+      dg_ref[e] += dyh(r, e) * x_hat;
+      db_ref[e] += dyh(r, e);
+    }
+    for (int e = 0; e < E; ++e) {
+      const double x_hat = (xh(r, e) - mu) * rs, g = dyh(r, e) * gh(e);
+      dx_err = std::max(dx_err, std::abs(dx_out(r, e) - rs * (g - mean_g - x_hat * mean_gx)));
+    }
+  }
+  for (int e = 0; e < E; ++e) {
+    dg_err = std::max(dg_err, std::abs(dg_out(e) - dg_ref[e]) / std::max(1.0, std::abs(dg_ref[e])));
+    db_err = std::max(db_err, std::abs(db_out(e) - db_ref[e]) / std::max(1.0, std::abs(db_ref[e])));
+  }
+  CHECK(y_err <= tol);
+  CHECK(dx_err <= 10 * tol);  // dx carries rstd and two row means
+  CHECK(dg_err <= tol * rows);
+  CHECK(db_err <= tol * rows);
+}
+
+template <class ExecSpace>
+void check_layer_norms() {
+  std::mt19937_64 rng(longattn::test::test_seed());
+  for (const auto& [rows, E] : {std::pair{1, 1}, std::pair{37, 19}, std::pair{130, 256}}) {
+    check_layer_norm<ExecSpace, float, Kokkos::LayoutRight>(rows, E, rng);
+    check_layer_norm<ExecSpace, double, Kokkos::LayoutRight>(rows, E, rng);
+    check_layer_norm<ExecSpace, double, Kokkos::LayoutLeft>(rows, E, rng);
+  }
+}
+
+}  // namespace
+
+TEMPLATE_LIST_TEST_CASE("layer_norm_forward and layer_norm_backward match their formulas", "[core][module]",
+                        longattn::test::ExecutionSpaces) {
+  check_layer_norms<TestType>();
+}
+
+// LayerNorm has no team: one thread per row (per column for the parameter gradients) is the
+// GPU's configuration and the host's alike. Here on the team tests' 4 OpenMP threads, so that
+// ThreadSanitizer runs it too.
+TEST_CASE("layer_norm on 4 OpenMP threads matches its formulas", "[core][module][team_tiles]") {
+  if (!longattn::test::openmp_runs_team_of<longattn::ThreadTiles<4>>()) return;
+#ifdef KOKKOS_ENABLE_OPENMP
+  check_layer_norms<Kokkos::OpenMP>();
+#endif
 }
 
 TEST_CASE("layer_norm_forward and layer_norm_backward reject mismatched shapes", "[core][module][errors]") {
