@@ -193,49 +193,53 @@ void check_pattern(const Case& c, const BlockSparseConfig* config, bool causal, 
   }
 }
 
-}  // namespace
-
-TEMPLATE_LIST_TEST_CASE("each block-sparse pattern keeps the blocks its definition names and attends like the "
-                        "reference with the equivalent token mask",
-                        "[core][block_sparse]", longattn::test::ExecutionSpaces) {
-  std::mt19937_64 rng(longattn::test::test_seed());
+// Runs check(case, config, causal) for every case and causal setting with each pattern (top-k
+// only where queries and keys are one sequence), then check(case, nullptr, false) for a random mask.
+template <class Check>
+void for_each_pattern(const Check& check) {
   for (const Case& c : cases)
     for (bool causal : {false, true}) {
       for (BlockSparsePattern pattern : patterns) {
         if (pattern == BlockSparsePattern::top_k && c.queries != c.keys) continue;
         const BlockSparseConfig config = config_of(pattern);
-        check_pattern<TestType, float>(c, &config, causal, rng);
-        check_pattern<TestType, double>(c, &config, causal, rng);
-        if (pattern != BlockSparsePattern::top_k) check_pattern<TestType, longattn::bfloat16>(c, &config, causal, rng);
+        check(c, &config, causal);
       }
-      if (!causal) {
-        check_pattern<TestType, float>(c, nullptr, false, rng);
-        check_pattern<TestType, double>(c, nullptr, false, rng);
-        check_pattern<TestType, longattn::float16>(c, nullptr, false, rng);
-      }
+      if (!causal) check(c, nullptr, false);
     }
+}
+
+}  // namespace
+
+TEMPLATE_LIST_TEST_CASE(
+    "each block-sparse pattern keeps the blocks its definition names and attends like the "
+    "reference with the equivalent token mask",
+    "[core][block_sparse]", longattn::test::ExecutionSpaces) {
+  std::mt19937_64 rng(longattn::test::test_seed());
+  for_each_pattern([&](const Case& c, const BlockSparseConfig* config, bool causal) {
+    check_pattern<TestType, float>(c, config, causal, rng);
+    check_pattern<TestType, double>(c, config, causal, rng);
+    // bfloat16 for the patterns top-k does not score (it takes float or double), float16 for the mask.
+    if (!config)
+      check_pattern<TestType, longattn::float16>(c, config, causal, rng);
+    else if (config->pattern != BlockSparsePattern::top_k)
+      check_pattern<TestType, longattn::bfloat16>(c, config, causal, rng);
+  });
 }
 
 // Every pattern (top-k's scoring kernel included) and a random mask, in the GPU's tile shape with
 // teams of 2 and 4 threads on the host; float and double (float only with LONGATTN_TEST_SIZE=small:
 // the team's barriers and work split are the same code for both).
-TEMPLATE_LIST_TEST_CASE("block-sparse attention in the GPU's tile shape with several threads per team matches the "
-                        "reference",
-                        "[core][block_sparse][team_tiles]", longattn::test::TeamTileConfigs) {
+TEMPLATE_LIST_TEST_CASE(
+    "block-sparse attention in the GPU's tile shape with several threads per team matches the "
+    "reference",
+    "[core][block_sparse][team_tiles]", longattn::test::TeamTileConfigs) {
   if (!longattn::test::openmp_runs_team_of<TestType>()) return;
 #ifdef KOKKOS_ENABLE_OPENMP
   std::mt19937_64 rng(longattn::test::test_seed());
-  for (const Case& c : cases)
-    for (bool causal : {false, true}) {
-      for (BlockSparsePattern pattern : patterns) {
-        if (pattern == BlockSparsePattern::top_k && c.queries != c.keys) continue;
-        const BlockSparseConfig config = config_of(pattern);
-        check_pattern<Kokkos::OpenMP, float, TestType>(c, &config, causal, rng);
-        if (!longattn::test::small_test_sizes())
-          check_pattern<Kokkos::OpenMP, double, TestType>(c, &config, causal, rng);
-      }
-      if (!causal) check_pattern<Kokkos::OpenMP, float, TestType>(c, nullptr, false, rng);
-    }
+  for_each_pattern([&](const Case& c, const BlockSparseConfig* config, bool causal) {
+    check_pattern<Kokkos::OpenMP, float, TestType>(c, config, causal, rng);
+    if (!longattn::test::small_test_sizes()) check_pattern<Kokkos::OpenMP, double, TestType>(c, config, causal, rng);
+  });
 #endif
 }
 
