@@ -302,11 +302,11 @@ void run_team_kernel(const char* label, const ExecSpace& exec, Kernel kernel) {
 }
 
 // The compiled entry points under attention_forward and attention_backward, one class per
-// (execution space, storage type S, block pattern, tile configuration). The members are defined out of line (not
-// inline), so that the `extern template` declarations of eti.hpp make a program link the
-// instantiations compiled into liblongattn_core for the enabled spaces and types instead of
-// compiling the kernels again in every translation unit; other combinations are instantiated
-// from these definitions as usual.
+// (execution space, storage type S, block pattern, tile configuration). The members are
+// defined out of line (not inline), so that the `extern template` declarations of eti.hpp make
+// a program link the instantiations compiled into liblongattn_core for the enabled spaces and
+// types instead of compiling the kernels again in every translation unit; other combinations
+// are instantiated from these definitions as usual.
 template <class ExecSpace, class S, class Pattern, class Tiles = typename default_tiles<ExecSpace>::type>
 struct AttentionKernels {
   using T = accumulate_t<S>;
@@ -326,35 +326,38 @@ struct AttentionKernels {
 
 template <class ExecSpace, class S, class Pattern, class Tiles>
 void AttentionKernels<ExecSpace, S, Pattern, Tiles>::forward(const ExecSpace& exec, const Input& q, const Input& k,
-                                                      const Input& v, const Output& o,
-                                                      const Tensor3<T, ExecSpace>& lse, const AttentionGeometry& geo,
-                                                      const Pattern& pattern, const AttentionOptions& opts) {
+                                                             const Input& v, const Output& o,
+                                                             const Tensor3<T, ExecSpace>& lse,
+                                                             const AttentionGeometry& geo, const Pattern& pattern,
+                                                             const AttentionOptions& opts) {
   const double scale = softmax_scale(opts, geo.head_dim);
-  run_team_kernel("longattn::attention_forward", exec,
-                  ForwardKernel<ExecSpace, S, Pattern, Tiles>{q, k, v, o, lse, geo, pattern, T(scale * log2_e<double>()),
-                                                       T(opts.output_scale), opts.accumulate_output, 0});
+  run_team_kernel(
+      "longattn::attention_forward", exec,
+      ForwardKernel<ExecSpace, S, Pattern, Tiles>{q, k, v, o, lse, geo, pattern, T(scale * log2_e<double>()),
+                                                  T(opts.output_scale), opts.accumulate_output, 0});
 }
 
 template <class ExecSpace, class S, class Pattern, class Tiles>
 void AttentionKernels<ExecSpace, S, Pattern, Tiles>::backward(const ExecSpace& exec, const Input& q, const Input& k,
-                                                       const Input& v, const Input& o, const Input& d_o,
-                                                       const Tensor3<const T, ExecSpace>& lse, const Output& dq,
-                                                       const Output& dk, const Output& dv, const Delta& delta,
-                                                       const AttentionGeometry& geo, const Pattern& pattern,
-                                                       const AttentionOptions& opts) {
+                                                              const Input& v, const Input& o, const Input& d_o,
+                                                              const Tensor3<const T, ExecSpace>& lse, const Output& dq,
+                                                              const Output& dk, const Output& dv, const Delta& delta,
+                                                              const AttentionGeometry& geo, const Pattern& pattern,
+                                                              const AttentionOptions& opts) {
   const double scale = softmax_scale(opts, geo.head_dim);
   const T scale_log2 = T(scale * log2_e<double>());
   Kokkos::parallel_for("longattn::attention_backward::delta",
                        Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(
                            exec, 0, std::int64_t(geo.batch) * geo.heads * geo.queries),
                        DeltaKernel<ExecSpace, S>{o, d_o, delta, geo.heads, geo.queries, geo.head_dim});
-  run_team_kernel("longattn::attention_backward::dk_dv", exec,
-                  KeyGradientKernel<ExecSpace, S, Pattern, Tiles>{q, k, v, d_o, lse, delta, dk, dv, geo, pattern, scale_log2,
-                                                           T(opts.output_scale), opts.accumulate_gradients, 0});
+  run_team_kernel(
+      "longattn::attention_backward::dk_dv", exec,
+      KeyGradientKernel<ExecSpace, S, Pattern, Tiles>{q, k, v, d_o, lse, delta, dk, dv, geo, pattern, scale_log2,
+                                                      T(opts.output_scale), opts.accumulate_gradients, 0});
   run_team_kernel("longattn::attention_backward::dq", exec,
-                  QueryGradientKernel<ExecSpace, S, Pattern, Tiles>{q, k, v, d_o, lse, delta, dq, geo, pattern, T(scale),
-                                                             scale_log2, T(opts.output_scale),
-                                                             opts.accumulate_gradients, 0});
+                  QueryGradientKernel<ExecSpace, S, Pattern, Tiles>{q, k, v, d_o, lse, delta, dq, geo, pattern,
+                                                                    T(scale), scale_log2, T(opts.output_scale),
+                                                                    opts.accumulate_gradients, 0});
 }
 
 // Compiled into liblongattn_core (detail/eti.hpp); block_sparse_layout.hpp declares its own.
