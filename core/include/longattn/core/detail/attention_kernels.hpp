@@ -11,11 +11,12 @@
 // the softmax is exp2 of differences, and LSE is converted to the natural log on output.
 // Every product is detail::tile_mma on team scratch; only block loads and stores touch the
 // (possibly strided) global views. The tile configuration Tiles (attention_tiles.hpp) sets the
-// block, the micro-tiles and the team size; every stage is a TeamThreadRange over the team, and
-// a team barrier separates a stage that writes scratch from the next that reads it, so the
-// kernels are the same for one thread per team (the host's SimdTiles) and many (ThreadTiles). The kernels are templated on the storage type S of the
-// tensors (float, double, bfloat16, float16) and compute in T = accumulate_t<S>: 16-bit
-// tensors are converted on load and rounded on store; scratch, LSE and Delta are float.
+// block, the micro-tiles and the team size; every stage is a TeamThreadRange over the team, and a
+// team barrier separates a stage that writes scratch from the next that reads it, so the kernels
+// are the same for one thread per team (the host's SimdTiles) and many (ThreadTiles). The kernels
+// are templated on the storage type S of the tensors (float, double, bfloat16, float16) and compute
+// in T = accumulate_t<S>: 16-bit tensors are converted on load and rounded on store; scratch, LSE
+// and Delta are float.
 #pragma once
 
 #include <Kokkos_Core.hpp>
