@@ -177,7 +177,7 @@ void BM_GradientSet(benchmark::State& state) {
     longattn::parallel::GradientBucketOptions options;
     options.bucket_bytes = bucket_bytes;
     options.hierarchical = hierarchical;
-    auto b = std::make_unique<longattn::parallel::GradientBuckets>(comm, options);
+    auto b = std::make_unique<longattn::parallel::GradientBuckets<>>(comm, options);
     for (auto& g : gradients) {
       if (stored) Kokkos::deep_copy(b->add<float>(g.size()), 1.0f);
       else b->add(g.data(), g.size());
@@ -189,7 +189,7 @@ void BM_GradientSet(benchmark::State& state) {
   auto stored = make_buckets(flat, 25 * MiB, false, true);
   auto stored_1mib = make_buckets(flat, MiB, false, true);
   auto stored_hierarchical = make_buckets(two_nodes, 25 * MiB, true, true);
-  auto step = [&](longattn::parallel::GradientBuckets& b) {  // backward marks them ready as it goes
+  auto step = [&](longattn::parallel::GradientBuckets<>& b) {  // backward marks them ready as it goes
     for (std::size_t i = 0; i < b.gradients(); ++i) b.ready(int(i));
     b.wait();
   };

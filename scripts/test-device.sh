@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the CUDA variant of longattn and runs every test labelled `device` on the GPU: the
-# pool, the attention kernels (the GPU's tile shape, 128 threads per team) and the
-# communicator's collectives on Kokkos::Cuda, at 1 MPI rank and, with two GPUs, at 2 (NCCL).
+# pool, the attention kernels (the GPU's tile shape, 128 threads per team), and on Kokkos::Cuda
+# through NCCL the communicator, ring and distributed dilated attention, the gradient buckets
+# and training steps, at 1 MPI rank and, with two GPUs, at 2.
 #
 #   scripts/test-device.sh [build-dir (default build/device)]
 #
@@ -24,16 +25,16 @@ gpu_count=$(echo "$gpus" | wc -l)
 echo "test-device: $gpu_count GPU(s):"
 echo "$gpus"
 
-LONGATTN_CUDA=1 LONGATTN_TARGETS="longattn_memory_tests longattn_core_tests longattn_parallel_tests" \
+LONGATTN_CUDA=1 LONGATTN_TARGETS="longattn_memory_tests longattn_core_tests longattn_parallel_tests longattn_train_tests" \
   "$root/scripts/build.sh" "$build" -DLONGATTN_WARNINGS_AS_ERRORS=ON -DLONGATTN_ENABLE_NCCL=ON \
-  -DLONGATTN_ENABLE_BENCHMARKS=OFF -DLONGATTN_ENABLE_APPS=OFF
+  -DLONGATTN_ENABLE_BENCHMARKS=OFF
 
 # One GPU per rank (NCCL refuses two ranks on one device): Kokkos picks device local_rank % N.
 export KOKKOS_NUM_DEVICES=$gpu_count
 exclude=()
 if [ "$gpu_count" -lt 2 ]; then
-  echo "test-device: SKIP parallel_np2: 2 ranks need 2 GPUs"
-  exclude=(-E '^parallel_np2$')
+  echo "test-device: SKIP parallel_np2, train_np2: 2 ranks need 2 GPUs"
+  exclude=(-E '^(parallel|train)_np2$')
 fi
 ctest --test-dir "$build" -L device "${exclude[@]}" --output-on-failure
 echo "device tests passed on $(echo "$gpus" | head -n 1)"

@@ -105,6 +105,7 @@ CommunicatorState::~CommunicatorState() {
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (finalized) return;  // MPI is gone, and its communicators with it
+  last_exchange.reset();
   for (MPI_Comm* c : {&staged_gather, &staged_cross, &staged_scatter, &cross, &local, &comm})
     if (*c != MPI_COMM_NULL) MPI_Comm_free(c);
 #if LONGATTN_HAVE_NCCL
@@ -288,7 +289,19 @@ class SingleRequest final : public PendingOperation {
   int ranks_;
 };
 
-// Several operations as one (a message cut into pieces).
+// An operation that the communicator also keeps (the last exchange, which the next one may wait
+// for); waiting twice is harmless.
+class SharedOperation final : public PendingOperation {
+ public:
+  explicit SharedOperation(std::shared_ptr<PendingOperation> operation) : operation_(std::move(operation)) {}
+  bool test() override { return operation_->test(); }
+  void wait() override { operation_->wait(); }
+
+ private:
+  std::shared_ptr<PendingOperation> operation_;
+};
+
+// Several operations as one (a message cut into pieces, the messages of an exchange).
 class OperationGroup final : public PendingOperation {
  public:
   explicit OperationGroup(std::vector<std::unique_ptr<PendingOperation>> parts) : parts_(std::move(parts)) {}
@@ -570,6 +583,30 @@ Request Communicator::irecv(void* data, std::size_t count, DataType type, int so
     check_mpi(MPI_Irecv(data, int(count), mpi_type(type), source, tag, state_->comm, &request), "MPI_Irecv");
   });
   return Request(std::make_unique<detail::SingleRequest>(request));
+}
+
+Request Communicator::exchange(const std::vector<Transfer>& transfers) const {
+  const char* where = "longattn::parallel::Communicator::exchange";
+  std::vector<std::unique_ptr<detail::PendingOperation>> parts;
+  guarded(where, [&] {
+    if (state_->options.serialize_exchanges && state_->last_exchange) state_->last_exchange->wait();
+    for (const Transfer& t : transfers) {
+      const bool sending = t.direction == Transfer::Direction::send;
+      check_message(where, t.data, t.count, sending ? "destination" : "source", t.peer, state_->size,
+                    detail::exchange_tag);
+      MPI_Request request = MPI_REQUEST_NULL;
+      if (sending)
+        check_mpi(MPI_Isend(t.data, int(t.count), mpi_type(t.type), t.peer, detail::exchange_tag, state_->comm, &request),
+                  "MPI_Isend");
+      else
+        check_mpi(MPI_Irecv(t.data, int(t.count), mpi_type(t.type), t.peer, detail::exchange_tag, state_->comm, &request),
+                  "MPI_Irecv");
+      parts.push_back(std::make_unique<detail::SingleRequest>(request));
+    }
+  });
+  auto operation = std::make_shared<detail::OperationGroup>(std::move(parts));
+  state_->last_exchange = operation;
+  return Request(std::make_unique<detail::SharedOperation>(std::move(operation)));
 }
 
 Request Communicator::iall_reduce(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op,

@@ -23,6 +23,7 @@ struct CommunicatorState {
   // communicator by the order ranks issue them, and completion order differs between ranks.
   MPI_Comm staged_scatter = MPI_COMM_NULL, staged_cross = MPI_COMM_NULL, staged_gather = MPI_COMM_NULL;
   std::deque<HierarchicalStages*> staged;
+  std::shared_ptr<PendingOperation> last_exchange;  // what a serialized exchange waits for
   int rank = 0, size = 1, node = 0, nodes = 1, local_rank = 0, local_size = 1;
   bool uniform = true;             // every node has local_size ranks
   std::vector<int> node_of_rank;   // node of each rank of comm
@@ -34,11 +35,16 @@ struct CommunicatorState {
   // stream per communicator, as NCCL wants its calls on a communicator in order anyway).
   void* nccl_scratch = nullptr;
   std::size_t nccl_scratch_bytes = 0;
+  // Exchanges run here, so that transfers overlap the kernels on the caller's stream.
+  cudaStream_t exchange_stream = nullptr;
   void make_nccl();
   void destroy_nccl();
 #endif
   ~CommunicatorState();
 };
+
+// The one MPI tag of host exchanges: their messages pair by order, as NCCL's do.
+constexpr int exchange_tag = 32767;
 
 // The checks every reduction makes of its buffers and operation.
 void check_buffers(const char* where, const void* send, const void* recv, std::size_t count, DataType type, ReduceOp op);

@@ -67,6 +67,7 @@ void CommunicatorState::destroy_nccl() {
   for (ncclComm_t* c : {&nccl_cross, &nccl_local, &nccl})
     if (*c) ncclCommDestroy(*c);
   if (nccl_scratch) cudaFree(nccl_scratch);
+  if (exchange_stream) cudaStreamDestroy(exchange_stream);
 }
 
 }  // namespace detail
@@ -123,22 +124,95 @@ void Communicator::hierarchical_all_reduce(const void* send, void* recv, std::si
   });
 }
 
-void Communicator::send_recv(const void* send, std::size_t send_count, int destination, void* recv,
-                             std::size_t recv_count, int source, DataType type, cudaStream_t stream) const {
-  const char* where = "longattn::parallel::Communicator::send_recv";
+void Communicator::reduce_scatter(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op,
+                                  cudaStream_t stream) const {
+  const char* where = "longattn::parallel::Communicator::reduce_scatter";
   guarded(where, [&] {
-    require(send_count == 0 || send != nullptr, where, "send", "nullptr", "a device buffer");
-    require(recv_count == 0 || recv != nullptr, where, "recv", "nullptr", "a device buffer");
-    require(destination >= 0 && destination < state_->size, where, "destination", destination,
-            "a rank from 0 to " + std::to_string(state_->size - 1));
-    require(source >= 0 && source < state_->size, where, "source", source,
-            "a rank from 0 to " + std::to_string(state_->size - 1));
+    detail::check_buffers(where, send, recv, count, type, op);
+    verify(where, count, type, int(op));
     state_->make_nccl();
-    check_nccl(ncclGroupStart(), "ncclGroupStart");
-    check_nccl(ncclSend(send, send_count, nccl_type(type), destination, state_->nccl, stream), "ncclSend");
-    check_nccl(ncclRecv(recv, recv_count, nccl_type(type), source, state_->nccl, stream), "ncclRecv");
-    check_nccl(ncclGroupEnd(), "ncclGroupEnd");
+    check_nccl(ncclReduceScatter(send, recv, count, nccl_type(type), nccl_op(op), state_->nccl, stream),
+               "ncclReduceScatter");
   });
+}
+
+void Communicator::all_gather(const void* send, void* recv, std::size_t count, DataType type,
+                              cudaStream_t stream) const {
+  const char* where = "longattn::parallel::Communicator::all_gather";
+  guarded(where, [&] {
+    require(count == 0 || (send != nullptr && recv != nullptr), where, "send, recv", "nullptr",
+            "device buffers of " + std::to_string(count) + " and " + std::to_string(count * std::size_t(state_->size)) +
+                " elements");
+    verify(where, count, type, -1);
+    state_->make_nccl();
+    check_nccl(ncclAllGather(send, recv, count, nccl_type(type), state_->nccl, stream), "ncclAllGather");
+  });
+}
+
+namespace detail {
+
+// Completion of the work a stream holds when the operation is made (an event recorded there).
+class StreamEvent final : public PendingOperation {
+ public:
+  explicit StreamEvent(cudaStream_t stream) {
+    check_cuda(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+    check_cuda(cudaEventRecord(event_, stream), "cudaEventRecord");
+  }
+  ~StreamEvent() override { cudaEventDestroy(event_); }  // a Request waits before; CUDA frees it when reached
+  StreamEvent(const StreamEvent&) = delete;
+  StreamEvent& operator=(const StreamEvent&) = delete;
+  bool test() override {
+    const cudaError_t status = cudaEventQuery(event_);
+    if (status == cudaErrorNotReady) return false;
+    check_cuda(status, "cudaEventQuery");
+    return true;
+  }
+  void wait() override { check_cuda(cudaEventSynchronize(event_), "cudaEventSynchronize"); }
+  cudaEvent_t event() const { return event_; }
+
+ private:
+  cudaEvent_t event_ = nullptr;
+};
+
+}  // namespace detail
+
+Request Communicator::iall_reduce(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op,
+                                  bool hierarchical, cudaStream_t stream) const {
+  if (hierarchical) hierarchical_all_reduce(send, recv, count, type, op, stream);
+  else all_reduce(send, recv, count, type, op, stream);
+  std::unique_ptr<detail::PendingOperation> done;
+  guarded("longattn::parallel::Communicator::iall_reduce", [&] { done = std::make_unique<detail::StreamEvent>(stream); });
+  return Request(std::move(done));
+}
+
+// The exchange stream waits for what `stream` holds (the kernels that wrote the sends), runs the
+// group, and the Request waits for the exchange stream.
+Request Communicator::exchange(const std::vector<Transfer>& transfers, cudaStream_t stream) const {
+  const char* where = "longattn::parallel::Communicator::exchange";
+  std::unique_ptr<detail::PendingOperation> done;
+  guarded(where, [&] {
+    for (const Transfer& t : transfers) {
+      const bool sending = t.direction == Transfer::Direction::send;
+      require(t.count == 0 || t.data != nullptr, where, "data", "nullptr", "a device buffer");
+      require(t.peer >= 0 && t.peer < state_->size, where, sending ? "destination" : "source", t.peer,
+              "a rank from 0 to " + std::to_string(state_->size - 1));
+    }
+    state_->make_nccl();
+    if (!state_->exchange_stream)
+      check_cuda(cudaStreamCreateWithFlags(&state_->exchange_stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+    const detail::StreamEvent written(stream);
+    check_cuda(cudaStreamWaitEvent(state_->exchange_stream, written.event(), 0), "cudaStreamWaitEvent");
+    check_nccl(ncclGroupStart(), "ncclGroupStart");
+    for (const Transfer& t : transfers) {
+      if (t.direction == Transfer::Direction::send)
+        check_nccl(ncclSend(t.data, t.count, nccl_type(t.type), t.peer, state_->nccl, state_->exchange_stream), "ncclSend");
+      else
+        check_nccl(ncclRecv(t.data, t.count, nccl_type(t.type), t.peer, state_->nccl, state_->exchange_stream), "ncclRecv");
+    }
+    check_nccl(ncclGroupEnd(), "ncclGroupEnd");
+    done = std::make_unique<detail::StreamEvent>(state_->exchange_stream);
+  });
+  return Request(std::move(done));
 }
 
 }  // namespace longattn::parallel

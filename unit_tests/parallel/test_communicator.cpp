@@ -209,6 +209,36 @@ TEST_CASE("isend and irecv pass a message around the ring", "[parallel][point_to
   CHECK(in == contribution<float>(seed, (me + P - 1) % P, 10007));
 }
 
+TEST_CASE("exchanges pair messages by order; serialized, each waits for the one before",
+          "[parallel][point_to_point]") {
+  const std::uint64_t seed = shared_seed();
+  for (const bool serialized : {false, true}) {
+    auto options = throwing_options();
+    options.serialize_exchanges = serialized;
+    const Communicator comm = Communicator::world(options);
+    const int P = comm.size(), me = comm.rank(), next = (me + 1) % P, previous = (me + P - 1) % P;
+    INFO("serialized " << serialized);
+    // Two messages to the next rank in one exchange, of different lengths: they pair in order.
+    const std::vector<float> first = contribution<float>(seed, me, 1000), second = contribution<float>(seed, me + P, 3);
+    std::vector<float> first_in(1000, -1.0f), second_in(3, -1.0f);
+    using longattn::parallel::Transfer;
+    longattn::parallel::Request a = comm.exchange(
+        {Transfer::send(first.data(), first.size(), DataType::float32, next),
+         Transfer::send(second.data(), second.size(), DataType::float32, next),
+         Transfer::receive(first_in.data(), first_in.size(), DataType::float32, previous),
+         Transfer::receive(second_in.data(), second_in.size(), DataType::float32, previous)});
+    std::vector<float> back(3, -1.0f);
+    longattn::parallel::Request b = comm.exchange({Transfer::send(second.data(), 3, DataType::float32, previous),
+                                                   Transfer::receive(back.data(), 3, DataType::float32, next)});
+    if (serialized) CHECK(a.test());  // b started only once a was complete
+    a.wait();
+    b.wait();
+    CHECK(first_in == contribution<float>(seed, previous, 1000));
+    CHECK(second_in == contribution<float>(seed, previous + P, 3));
+    CHECK(back == contribution<float>(seed, next + P, 3));
+  }
+}
+
 TEST_CASE("sub-communicators and the data x context grid reduce over their own ranks", "[parallel][communicator]") {
   const std::uint64_t seed = shared_seed();
   INFO("seed " << seed);

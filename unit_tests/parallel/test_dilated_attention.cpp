@@ -24,7 +24,7 @@ using longattn::DilatedConfig;
 using longattn::DilatedMode;
 using longattn::parallel::Communicator;
 
-using HostSpaces = longattn::test::HostExecutionSpaces;  // ring attention exchanges host memory
+using Spaces = longattn::test::ExecutionSpaces;  // MPI on host memory, NCCL on CUDA memory
 using longattn::test::Rows;
 using longattn::test::Tensor;
 using longattn::test::shared_seed;
@@ -83,7 +83,7 @@ void check_dilated(const Communicator& comm, int B, std::int64_t N, int H, int D
 }  // namespace
 
 TEMPLATE_LIST_TEST_CASE("distributed dilated attention equals dilated attention over the whole sequence",
-                        "[parallel][dilated]", HostSpaces) {
+                        "[parallel][dilated]", Spaces) {
   const Communicator comm = world();
   const std::uint64_t seed = shared_seed();
   const int P = comm.size();
@@ -106,7 +106,7 @@ TEMPLATE_LIST_TEST_CASE("distributed dilated attention equals dilated attention 
 }
 
 TEMPLATE_LIST_TEST_CASE("distributed dilated attention refuses what the shards cannot carry, on every rank",
-                        "[parallel][dilated][errors]", HostSpaces) {
+                        "[parallel][dilated][errors]", Spaces) {
   using Exec = TestType;
   const Communicator comm = world();
   const int P = comm.size(), me = comm.rank();

@@ -1,6 +1,7 @@
 // GradientBuckets under mpiexec: 200 small gradients of odd sizes (float and double) and one
 // larger than a bucket, marked ready in backward order; buckets start before wait(), results
-// equal the serial average on flat and simulated-node communicators, over several steps.
+// equal the serial average on flat and simulated-node communicators, over several steps; the
+// same in the memory of every execution space (NCCL on CUDA memory).
 #include <mpi.h>
 
 #include <catch2/catch.hpp>
@@ -10,6 +11,7 @@
 
 #include "longattn/error.hpp"
 #include "longattn/parallel/gradient_buckets.hpp"
+#include "execution_spaces.hpp"
 #include "mpi_test_support.hpp"
 #include "reference/random.hpp"
 
@@ -159,6 +161,52 @@ TEST_CASE("the first buckets start while later gradients are not yet ready", "[p
   CHECK(buckets.buckets_started() == 5);
   buckets.wait();  // the other 30 gradients count as final here
   for (const auto& g : grads) CHECK(g[999] == 1.0f);
+}
+
+TEMPLATE_LIST_TEST_CASE("gradients in the memory of an execution space are summed there",
+                        "[parallel][buckets]", longattn::test::ExecutionSpaces) {
+  using Exec = TestType;
+  using Memory = typename Exec::memory_space;
+  const std::uint64_t seed = longattn::test::shared_seed();
+  INFO("seed " << seed);
+  const Communicator comm = Communicator::world(throwing_options(2));
+  GradientBucketOptions options;
+  options.bucket_bytes = 4096;
+  options.op = longattn::parallel::ReduceOp::sum;
+  const longattn::ExecutionContext<Exec> context;
+  GradientBuckets<Exec> buckets(context, comm, options);
+  // Kept gradients (copied into buckets and back; one of 12 KB alone) and stored ones.
+  std::vector<Kokkos::View<float*, Memory>> kept;
+  std::vector<Kokkos::View<float*, Memory, Kokkos::MemoryUnmanaged>> views;  // every gradient, in order
+  for (int g = 0; g < 12; ++g) {
+    const std::size_t count = g == 5 ? 3000 : std::size_t(11 + 17 * g);
+    if (g % 3 == 2) {
+      views.push_back(buckets.template add<float>(count));
+    } else {
+      kept.emplace_back("kept", count);
+      buckets.add(kept.back());
+      views.emplace_back(kept.back().data(), count);
+    }
+  }
+  for (int step = 0; step < 2; ++step) {
+    for (int g = 0; g < 12; ++g) {
+      const auto host = Kokkos::create_mirror_view(views[std::size_t(g)]);
+      for (std::size_t e = 0; e < host.size(); ++e) host(e) = float(contribution(seed, comm.rank(), step, g, e));
+      Kokkos::deep_copy(views[std::size_t(g)], host);
+    }
+    for (int g = 0; g < 12; ++g) buckets.ready(g);
+    buckets.wait();
+    bool all_equal = true;
+    for (int g = 0; g < 12; ++g) {
+      const auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), views[std::size_t(g)]);
+      for (std::size_t e = 0; e < host.size(); ++e) {
+        double sum = 0;
+        for (int r = 0; r < comm.size(); ++r) sum += contribution(seed, r, step, g, e);
+        all_equal = all_equal && host(e) == float(sum);
+      }
+    }
+    CHECK(all_equal);
+  }
 }
 
 TEST_CASE("GradientBuckets refuses bad input", "[parallel][buckets][errors]") {

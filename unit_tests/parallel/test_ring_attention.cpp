@@ -2,7 +2,8 @@
 // attention over the whole sequence (the fused kernel on every rank, same inputs from a shared
 // seed) for contiguous and zigzag sharding, causal or not, several piece counts and odd shapes,
 // dense and block-sparse layouts (with the steps and transfers no rank needs skipped), flat and
-// two-level rings over simulated nodes (each piece crossing each node boundary once); sharding
+// two-level rings over simulated nodes (each piece crossing each node boundary once), with the
+// exchanges serialized as NCCL runs them on a GPU; sharding
 // helpers; bad input refused on every rank alike, also when only one rank's input is wrong.
 #include <mpi.h>
 
@@ -25,7 +26,7 @@ using longattn::parallel::Communicator;
 using longattn::parallel::RingOptions;
 using longattn::parallel::Sharding;
 
-using HostSpaces = longattn::test::HostExecutionSpaces;  // ring attention exchanges host memory
+using Spaces = longattn::test::ExecutionSpaces;  // MPI on host memory, NCCL on CUDA memory
 using longattn::test::Rows;
 using longattn::test::Tensor;
 using longattn::test::shared_seed;
@@ -126,7 +127,7 @@ TEST_CASE("shard and unshard move a sequence between global and local tensors", 
 }
 
 TEMPLATE_LIST_TEST_CASE("ring attention equals single-rank attention: dense, contiguous and zigzag",
-                        "[parallel][ring]", HostSpaces) {
+                        "[parallel][ring]", Spaces) {
   const Communicator comm = world();
   const std::uint64_t seed = shared_seed();
   const int P = comm.size();
@@ -146,7 +147,7 @@ TEMPLATE_LIST_TEST_CASE("ring attention equals single-rank attention: dense, con
 }
 
 TEMPLATE_LIST_TEST_CASE("ring attention with block-sparse layouts skips what no rank needs",
-                        "[parallel][ring][block_sparse]", HostSpaces) {
+                        "[parallel][ring][block_sparse]", Spaces) {
   using Exec = TestType;
   const Communicator comm = world();
   const std::uint64_t seed = shared_seed();
@@ -180,7 +181,7 @@ TEMPLATE_LIST_TEST_CASE("ring attention with block-sparse layouts skips what no 
   CHECK(sum_over_ranks(sparse.pairs_computed()) == 3 * P - 1);  // own two pieces, and the previous rank's second
 }
 
-TEMPLATE_LIST_TEST_CASE("ring attention refuses bad input on every rank alike", "[parallel][ring][errors]", HostSpaces) {
+TEMPLATE_LIST_TEST_CASE("ring attention refuses bad input on every rank alike", "[parallel][ring][errors]", Spaces) {
   using Exec = TestType;
   const Communicator comm = world();
   const int P = comm.size();
@@ -211,7 +212,7 @@ TEMPLATE_LIST_TEST_CASE("ring attention refuses bad input on every rank alike", 
 }
 
 TEMPLATE_LIST_TEST_CASE("two-level ring over simulated nodes equals single-rank attention", "[parallel][ring][two_level]",
-                        HostSpaces) {
+                        Spaces) {
   using Exec = TestType;
   const std::uint64_t seed = shared_seed();
   const int P = world().size();
@@ -274,8 +275,39 @@ TEMPLATE_LIST_TEST_CASE("two-level ring over simulated nodes equals single-rank 
   }
 }
 
+// On CUDA memory the ring's exchanges are NCCL groups that run one after the other on one
+// stream, their messages paired by order. Host exchanges pair messages by order too, and
+// serialized they also run one after the other: the GPU's schedule, run here. A message started
+// in a different exchange than its partner would hang, two messages between the same ranks in a
+// different order would mix up data.
+TEMPLATE_LIST_TEST_CASE("ring attention runs with its exchanges serialized, as on an NCCL stream",
+                        "[parallel][ring][serialized]", Spaces) {
+  using Exec = TestType;
+  const std::uint64_t seed = shared_seed();
+  const int P = world().size();
+  for (const int ranks_per_node : {0, 2}) {  // flat; two levels at 4 ranks (2 nodes x 2)
+    auto options = longattn::test::throwing_options(ranks_per_node);
+    options.serialize_exchanges = true;
+    const Communicator comm = Communicator::world(options);
+    const std::int64_t N = std::int64_t(2) * P * 64 * 2;
+    longattn::BlockSparseShape shape;
+    shape.queries = shape.keys = N;
+    shape.heads = 2;
+    for (const Sharding sharding : {Sharding::contiguous, Sharding::zigzag})
+      for (const bool causal : {false, true}) {
+        RingOptions ring;
+        ring.sharding = sharding;
+        ring.pieces = 2;
+        INFO(comm.nodes() << " nodes, " << to_string(sharding) << (causal ? ", causal" : "") << ", seed " << seed);
+        check_ring<Exec, double>(comm, 1, N, 2, 8, causal, ring, seed);
+        const auto window = longattn::local_window_layout(Exec(), shape, 100, causal);
+        check_ring<Exec, double>(comm, 1, N, 2, 8, causal, ring, seed + 1, &window);
+      }
+  }
+}
+
 TEMPLATE_LIST_TEST_CASE("ring attention fails on every rank when one rank's input differs", "[parallel][ring][errors]",
-                        HostSpaces) {
+                        Spaces) {
   using Exec = TestType;
   const Communicator comm = world();
   const int P = comm.size(), me = comm.rank();

@@ -2,7 +2,6 @@
 
 #include <chrono>
 #include <cmath>
-#include <cstring>
 #include <iomanip>
 #include <memory>
 #include <optional>
@@ -19,8 +18,6 @@ namespace longattn::train {
 
 namespace {
 
-using Exec = Kokkos::DefaultHostExecutionSpace;
-using Model = Transformer<Exec, float>;
 using Clock = std::chrono::steady_clock;
 constexpr const char* program = "longattn-train";
 
@@ -36,37 +33,59 @@ nlohmann::json run_identity(const TrainConfig& c) {
           {"pairs", c.data.pairs}, {"queries", c.data.queries}, {"batch", c.batch}, {"data_seed", c.data_seed}};
 }
 
-// The tokens of this rank: its sequences of the global batch, its segments of each.
+// The tokens of this rank: its sequences of the global batch, its segments of each. Filled on
+// the host, then copied to the model's memory.
+template <class Exec>
 class LocalBatch {
  public:
+  using Model = Transformer<Exec, float>;
   LocalBatch(std::int64_t first, std::int64_t sequences, const std::vector<parallel::Segment>& segments)
       : segments_(segments), first_(first), sequences_(sequences) {
     std::int64_t n = 0;
     for (const auto& s : segments) n += s.tokens;
-    batch_.inputs = Model::TokenIds("inputs", sequences, n);
-    batch_.targets = Model::TokenIds("targets", sequences, n);
-    batch_.weights = Model::Weights("weights", sequences, n);
-    batch_.positions = Model::Positions("positions", n);
+    batch_.inputs = typename Model::TokenIds("inputs", sequences, n);
+    batch_.targets = typename Model::TokenIds("targets", sequences, n);
+    batch_.weights = typename Model::Weights("weights", sequences, n);
+    batch_.positions = typename Model::Positions("positions", n);
+    inputs_ = Kokkos::create_mirror_view(batch_.inputs);
+    targets_ = Kokkos::create_mirror_view(batch_.targets);
+    weights_ = Kokkos::create_mirror_view(batch_.weights);
+    const auto positions = Kokkos::create_mirror_view(batch_.positions);
     for (const auto& s : segments)
-      for (std::int64_t t = 0; t < s.tokens; ++t) batch_.positions(s.local_begin + t) = int(s.global_begin + t);
+      for (std::int64_t t = 0; t < s.tokens; ++t) positions(s.local_begin + t) = int(s.global_begin + t);
+    Kokkos::deep_copy(batch_.positions, positions);
   }
-  const Model::Batch& fill(const HostBatch& global) {
+  const typename Model::Batch& fill(const HostBatch& global) {
     for (std::int64_t b = 0; b < sequences_; ++b)
       for (const auto& s : segments_)
         for (std::int64_t t = 0; t < s.tokens; ++t) {
           const std::size_t from = std::size_t((first_ + b) * global.tokens + s.global_begin + t);
-          batch_.inputs(b, s.local_begin + t) = global.inputs[from];
-          batch_.targets(b, s.local_begin + t) = global.targets[from];
-          batch_.weights(b, s.local_begin + t) = global.weights[from];
+          inputs_(b, s.local_begin + t) = global.inputs[from];
+          targets_(b, s.local_begin + t) = global.targets[from];
+          weights_(b, s.local_begin + t) = global.weights[from];
         }
+    Kokkos::deep_copy(batch_.inputs, inputs_);
+    Kokkos::deep_copy(batch_.targets, targets_);
+    Kokkos::deep_copy(batch_.weights, weights_);
     return batch_;
   }
 
  private:
   std::vector<parallel::Segment> segments_;
   std::int64_t first_, sequences_;
-  Model::Batch batch_;
+  typename Model::Batch batch_;
+  typename Model::TokenIds::HostMirror inputs_, targets_;
+  typename Model::Weights::HostMirror weights_;
 };
+
+// A stretch of floats in the model's memory and its place in a checkpoint's payload.
+template <class Memory>
+void copy_floats(float* to, const float* from, std::size_t count, bool to_payload) {
+  using Host = Kokkos::View<float*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>;
+  using Model = Kokkos::View<float*, Memory, Kokkos::MemoryUnmanaged>;
+  if (to_payload) Kokkos::deep_copy(Host(to, count), Model(const_cast<float*>(from), count));
+  else Kokkos::deep_copy(Model(to, count), Host(const_cast<float*>(from), count));
+}
 
 std::string duration(double seconds) {
   const long s = long(std::lround(std::max(0.0, seconds)));
@@ -134,7 +153,10 @@ nlohmann::json TrainResult::to_json(const TrainConfig& c) const {
   return j;
 }
 
+template <class Exec>
 TrainResult run_training(const TrainConfig& config, const parallel::Communicator& world, std::ostream* log) {
+  using Model = Transformer<Exec, float>;
+  using Memory = typename Exec::memory_space;
   world.guarded(program, [&] { validate(config, world.size()); });
   // Where every kernel of the run goes and where its memory comes from (the step's high-water
   // mark below is this pool's).
@@ -156,14 +178,14 @@ TrainResult run_training(const TrainConfig& config, const parallel::Communicator
     model.set_attention_runner(ring);
     segments = ring->segments();
   }
-  LocalBatch local(std::int64_t(dp_rank) * sequences, sequences, segments);
+  LocalBatch<Exec> local(std::int64_t(dp_rank) * sequences, sequences, segments);
 
   const auto& groups = model.parameter_groups();
-  std::unique_ptr<parallel::GradientBuckets> buckets;
+  std::unique_ptr<parallel::GradientBuckets<Exec>> buckets;
   if (world.size() > 1) {
     parallel::GradientBucketOptions options;
     options.op = parallel::ReduceOp::sum;  // every rank's loss is already divided by the global token count
-    buckets = std::make_unique<parallel::GradientBuckets>(world, options);
+    buckets = std::make_unique<parallel::GradientBuckets<Exec>>(context, world, options);
     for (const auto& g : groups) buckets->add(g.gradients, g.count);
   }
   AdamW<Exec, float> optimizer(context, config.optimizer, groups);
@@ -195,7 +217,7 @@ TrainResult run_training(const TrainConfig& config, const parallel::Communicator
     });
     const unsigned char* p = checkpoint.payload.data();
     for (const auto& [data, count] : state) {
-      std::memcpy(data, p, count * sizeof(float));
+      copy_floats<Memory>(data, reinterpret_cast<const float*>(p), count, false);
       p += count * sizeof(float);
     }
     const nlohmann::json& m = checkpoint.metadata;
@@ -214,10 +236,11 @@ TrainResult run_training(const TrainConfig& config, const parallel::Communicator
       rng << train_rng;
       checkpoint.metadata = {{"run", run_identity(config)}, {"step", next_step},
                              {"optimizer_steps", optimizer.steps()}, {"rng", rng.str()}};
-      checkpoint.payload.reserve(state_bytes);
+      checkpoint.payload.resize(state_bytes);
+      unsigned char* p = checkpoint.payload.data();
       for (const auto& [data, count] : state) {
-        const auto* bytes = reinterpret_cast<const unsigned char*>(data);
-        checkpoint.payload.insert(checkpoint.payload.end(), bytes, bytes + count * sizeof(float));
+        copy_floats<Memory>(reinterpret_cast<float*>(p), data, count, true);
+        p += count * sizeof(float);
       }
       write_checkpoint(config.checkpoint, checkpoint);
     });
@@ -334,5 +357,8 @@ TrainResult run_training(const TrainConfig& config, const parallel::Communicator
   }
   return result;
 }
+
+template TrainResult run_training<Kokkos::DefaultExecutionSpace>(const TrainConfig&, const parallel::Communicator&,
+                                                                 std::ostream*);
 
 }  // namespace longattn::train

@@ -9,9 +9,19 @@
 //
 // A Communicator is a handle: copies share its MPI (and NCCL) communicators, freed with the last.
 //
-// Memory decides the transport: Views in host memory go through MPI (after exec.fence()); Views
-// in CUDA memory through NCCL on exec's stream (stream-ordered: the call returns at once), in
-// builds with LONGATTN_ENABLE_NCCL. Raw host pointers take the MPI path directly.
+// Memory decides the transport: the calls that take an execution space instance move data in
+// its memory space - host memory through MPI (after exec.fence()), CUDA memory through NCCL on
+// exec's stream (stream-ordered: the call returns at once), in builds with LONGATTN_ENABLE_NCCL.
+// Raw pointers without an instance are host memory and take the MPI path directly.
+//
+// Point-to-point messages between buffers of a space travel in exchanges (exchange()): the
+// sends and receives a rank starts together, complete together. On CUDA memory an exchange is
+// one NCCL group on the communicator's own stream, and NCCL pairs messages by order, not tag,
+// and runs one exchange after the other. So a schedule must be one that every rank runs alike:
+// the same exchanges in the same order, each message in the same exchange as its partner, the
+// messages between two ranks in the same order on both sides. Host exchanges pair messages the
+// same way (one MPI tag), and CommunicatorOptions::serialize_exchanges makes each wait for the
+// one before as the stream does: a schedule that passes the tests so also runs under NCCL.
 //
 // Nodes: ranks that share memory (MPI_Comm_split_type), or simulated with
 // CommunicatorOptions::ranks_per_node or the environment variable LONGATTN_RANKS_PER_NODE
@@ -71,6 +81,25 @@ struct CommunicatorOptions {
                            // (or LONGATTN_RANKS_PER_NODE when set)
   ErrorPolicy on_error = ErrorPolicy::abort;
   bool verify_collectives = false;  // compare counts, operations and types across ranks
+  // Host exchanges start only when the previous one has completed, as NCCL's on one stream do
+  // (the GPU's schedule, checked on the host; slower: no two exchanges overlap).
+  bool serialize_exchanges = false;
+};
+
+// One message of an exchange: `count` elements of `type` at `data`, to or from rank `peer`.
+struct Transfer {
+  enum class Direction { send, receive };
+  Direction direction;
+  void* data;
+  std::size_t count;
+  DataType type;
+  int peer;
+  static Transfer send(const void* data, std::size_t count, DataType type, int destination) {
+    return {Direction::send, const_cast<void*>(data), count, type, destination};
+  }
+  static Transfer receive(void* data, std::size_t count, DataType type, int source) {
+    return {Direction::receive, data, count, type, source};
+  }
 };
 
 namespace detail {
@@ -148,16 +177,46 @@ class Communicator {
   Request iall_reduce(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op,
                       bool hierarchical = false) const;
 
-  // ---- Views (contiguous, in place): host memory through MPI after exec.fence(); CUDA memory
-  // through NCCL on exec's stream.
+  // ---- memory of exec's space: host memory through MPI after exec.fence(); CUDA memory through
+  // NCCL on exec's stream (stream-ordered: later work on exec sees the result).
+  // Views (contiguous, reduced in place).
   template <class ExecSpace, class View>
   void all_reduce(const ExecSpace& exec, const View& data, ReduceOp op) const {
-    dispatch(exec, data, op, false);
+    reduce_view(exec, data, op, false);
   }
   template <class ExecSpace, class View>
   void hierarchical_all_reduce(const ExecSpace& exec, const View& data, ReduceOp op) const {
-    dispatch(exec, data, op, true);
+    reduce_view(exec, data, op, true);
   }
+  // Pointers into exec's memory space, as the host calls above.
+  template <class ExecSpace>
+  void all_gather(const ExecSpace& exec, const void* send, void* recv, std::size_t count, DataType type) const {
+    on_memory_of(exec, [&] { all_gather(send, recv, count, type); },
+                 [&](auto stream) { all_gather(send, recv, count, type, stream); });
+  }
+  template <class ExecSpace>
+  void reduce_scatter(const ExecSpace& exec, const void* send, void* recv, std::size_t count, DataType type,
+                      ReduceOp op) const {
+    on_memory_of(exec, [&] { reduce_scatter(send, recv, count, type, op); },
+                 [&](auto stream) { reduce_scatter(send, recv, count, type, op, stream); });
+  }
+  // Nonblocking all-reduce (flat or hierarchical); the Request completes when the result is in
+  // `recv` (on a GPU: when the stream has got there).
+  template <class ExecSpace>
+  Request iall_reduce(const ExecSpace& exec, const void* send, void* recv, std::size_t count, DataType type,
+                      ReduceOp op, bool hierarchical) const {
+    return on_memory_of(exec, [&] { return iall_reduce(send, recv, count, type, op, hierarchical); },
+                        [&](auto stream) { return iall_reduce(send, recv, count, type, op, hierarchical, stream); });
+  }
+  // Starts the transfers together (the rules above); the Request completes with the last. The
+  // sends read their buffers after the work already started on exec.
+  template <class ExecSpace>
+  Request exchange(const ExecSpace& exec, const std::vector<Transfer>& transfers) const {
+    return on_memory_of(exec, [&] { return exchange(transfers); },
+                        [&](auto stream) { return exchange(transfers, stream); });
+  }
+  // Host memory, without an instance.
+  Request exchange(const std::vector<Transfer>& transfers) const;
 
   // Runs f, applying the error policy to what it throws: abort prints the message and ends the
   // job; throw_error rethrows. Every collective of this class runs through it.
@@ -200,8 +259,13 @@ class Communicator {
   void all_reduce(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op, cudaStream_t stream) const;
   void hierarchical_all_reduce(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op,
                                cudaStream_t stream) const;
-  void send_recv(const void* send, std::size_t send_count, int destination, void* recv, std::size_t recv_count,
-                 int source, DataType type, cudaStream_t stream) const;
+  void reduce_scatter(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op,
+                      cudaStream_t stream) const;
+  void all_gather(const void* send, void* recv, std::size_t count, DataType type, cudaStream_t stream) const;
+  Request iall_reduce(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op, bool hierarchical,
+                      cudaStream_t stream) const;
+  // One NCCL group on the communicator's exchange stream, after what `stream` holds now.
+  Request exchange(const std::vector<Transfer>& transfers, cudaStream_t stream) const;
 #endif
 
  private:
@@ -210,31 +274,44 @@ class Communicator {
   void agree(const char* where, const std::string& error) const;
   void verify(const char* where, std::size_t count, DataType type, int op) const;
 
-  template <class ExecSpace, class View>
-  void dispatch(const ExecSpace& exec, const View& data, ReduceOp op, bool hierarchical) const {
-    using Value = typename View::non_const_value_type;
-    static_assert(Kokkos::is_view<View>::value, "a Kokkos::View");
-    const char* where = hierarchical ? "longattn::parallel::Communicator::hierarchical_all_reduce"
-                                     : "longattn::parallel::Communicator::all_reduce";
-    guarded(where, [&] {
-      require(data.span_is_contiguous(), where, "data", data.label(), "a contiguous View");
-    });
-    using Memory = typename View::memory_space;
+  // Runs on_host() after exec.fence() when exec's memory is host memory, else
+  // on_device(exec's CUDA stream) (NCCL builds).
+  template <class ExecSpace, class OnHost, class OnDevice>
+  decltype(auto) on_memory_of(const ExecSpace& exec, OnHost&& on_host, [[maybe_unused]] OnDevice&& on_device) const {
+    using Memory = typename ExecSpace::memory_space;
     if constexpr (Kokkos::SpaceAccessibility<Kokkos::HostSpace, Memory>::accessible) {
       exec.fence();
-      if (hierarchical) hierarchical_all_reduce(data.data(), data.data(), data.size(), data_type_of<Value>(), op);
-      else all_reduce(data.data(), data.data(), data.size(), data_type_of<Value>(), op);
+      return on_host();
     } else {
 #if LONGATTN_HAVE_NCCL
-      if (hierarchical)
-        hierarchical_all_reduce(data.data(), data.data(), data.size(), data_type_of<Value>(), op, exec.cuda_stream());
-      else
-        all_reduce(data.data(), data.data(), data.size(), data_type_of<Value>(), op, exec.cuda_stream());
+      return on_device(exec.cuda_stream());
 #else
       static_assert(Kokkos::SpaceAccessibility<Kokkos::HostSpace, Memory>::accessible,
                     "device memory needs the NCCL backend (LONGATTN_ENABLE_NCCL=ON)");
 #endif
     }
+  }
+
+  template <class ExecSpace, class View>
+  void reduce_view(const ExecSpace& exec, const View& data, ReduceOp op, bool hierarchical) const {
+    using Value = typename View::non_const_value_type;
+    static_assert(Kokkos::is_view<View>::value, "a Kokkos::View");
+    static_assert(std::is_same_v<typename View::memory_space, typename ExecSpace::memory_space>,
+                  "a View in the memory space of the execution space");
+    const char* where = hierarchical ? "longattn::parallel::Communicator::hierarchical_all_reduce"
+                                     : "longattn::parallel::Communicator::all_reduce";
+    guarded(where, [&] {
+      require(data.span_is_contiguous(), where, "data", data.label(), "a contiguous View");
+    });
+    Value* p = data.data();
+    const std::size_t n = data.size();
+    on_memory_of(
+        exec, [&] { hierarchical ? hierarchical_all_reduce(p, p, n, data_type_of<Value>(), op)
+                                 : all_reduce(p, p, n, data_type_of<Value>(), op); },
+        [&](auto stream) {
+          hierarchical ? hierarchical_all_reduce(p, p, n, data_type_of<Value>(), op, stream)
+                       : all_reduce(p, p, n, data_type_of<Value>(), op, stream);
+        });
   }
 
   std::shared_ptr<detail::CommunicatorState> state_;

@@ -16,9 +16,9 @@
 //                         local, the spanning ones all-gather their dilated keys)
 //   auto                  resolved for the global sequence length first
 //
-// The ranks' tokens must split into whole attention blocks (64 tokens for float on the host).
+// The ranks' tokens must split into whole attention blocks (attention_block_size of the space).
 // Content-adaptive block-sparse patterns (top_k) choose blocks from the global Q and K, which no
-// rank holds: refused. Host memory (MPI).
+// rank holds: refused. Any execution space: MPI on host memory, NCCL on CUDA memory.
 #include <Kokkos_Core.hpp>
 
 #include <chrono>

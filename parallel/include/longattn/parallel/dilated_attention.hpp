@@ -20,7 +20,8 @@
 //     owners.
 // Errors follow the group's ErrorPolicy, agreed between ranks first (no rank is left waiting).
 // Every pass accumulates into (o, lse) from (0, -inf) in the kernel (LongNet's merge by
-// softmax denominators; head_groups keeps its 1 / k scale). Host memory (MPI).
+// softmax denominators; head_groups keeps its 1 / k scale). Buffers in the memory of ctx's
+// space; the gathers and scatters go through MPI on host memory, NCCL on CUDA memory.
 #include <Kokkos_Core.hpp>
 
 #include <algorithm>
@@ -152,9 +153,8 @@ auto gather_segment(const ExecutionContext<ExecSpace>& context, const SpanningGr
   const std::int64_t n = run.tokens, G = spanning.ranks;
   const Pooled5<T, Memory> mine(pool, 2, B, n, h, D);
   pack_selection(exec, k, v, pass, run, mine.view());
-  exec.fence();
   const Pooled6<T, Memory> all(pool, G, 2, B, n, h, D);
-  spanning.comm.all_gather(mine.data(), all.data(), mine.size(), data_type_of<T>());
+  spanning.comm.all_gather(exec, mine.data(), all.data(), mine.size(), data_type_of<T>());
   Pooled4<T, Memory> keys(pool, B, G * n, h, D), values(pool, B, G * n, h, D);
   unpack_segment(exec, all.view(), 0, keys.view());
   unpack_segment(exec, all.view(), 1, values.view());
@@ -176,8 +176,6 @@ void dilated_attention_forward(const On& on, const Communicator& group, const At
   const O& o = out.o;
   const Lse& lse = out.lse;
   using T = longattn::scalar_of<Q>;
-  static_assert(Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename ExecSpace::memory_space>::accessible,
-                "distributed dilated attention exchanges through MPI: host memory");
   const char* where = "longattn::parallel::dilated_attention_forward";
   AttentionGeometry geo;
   const auto groups = detail::prepare_dilated(
@@ -239,8 +237,6 @@ void dilated_attention_backward(const On& on, const Communicator& group, const A
   const DK& dk = grad.dk;
   const DV& dv = grad.dv;
   using T = longattn::scalar_of<Q>;
-  static_assert(Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename ExecSpace::memory_space>::accessible,
-                "distributed dilated attention exchanges through MPI: host memory");
   const char* where = "longattn::parallel::dilated_attention_backward";
   AttentionGeometry geo;
   const auto groups = detail::prepare_dilated(
@@ -304,9 +300,8 @@ void dilated_attention_backward(const On& on, const Communicator& group, const A
         Kokkos::deep_copy(exec, Kokkos::subview(parts.view(), g, 1, Kokkos::ALL, Kokkos::ALL, Kokkos::ALL, Kokkos::ALL),
                           Kokkos::subview(d_values.view(), Kokkos::ALL, tokens, Kokkos::ALL, Kokkos::ALL));
       }
-      exec.fence();
       const detail::Pooled5<T, Memory> mine(pool, 2, B, n, h, D);
-      spanning.comm.reduce_scatter(parts.data(), mine.data(), mine.size(), data_type_of<T>(), ReduceOp::sum);
+      spanning.comm.reduce_scatter(exec, parts.data(), mine.data(), mine.size(), data_type_of<T>(), ReduceOp::sum);
       for (int b = 0; b < B; ++b) {
         const auto dk_b = Kokkos::subview(dilated::select_tokens(dk, b, pass, run), 0, Kokkos::ALL, Kokkos::ALL, Kokkos::ALL);
         const auto dv_b = Kokkos::subview(dilated::select_tokens(dv, b, pass, run), 0, Kokkos::ALL, Kokkos::ALL, Kokkos::ALL);

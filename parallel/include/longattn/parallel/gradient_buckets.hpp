@@ -2,25 +2,33 @@
 // GradientBuckets: the data-parallel all-reduce of a model's gradients, fused into buckets and
 // overlapped with backward.
 //
-//   parallel::GradientBuckets buckets(grid.data);            // 25 MiB buckets, average
-//   for (auto& p : parameters) buckets.add(p.gradient);      // in the order backward finishes them
+//   parallel::GradientBuckets<Exec> buckets(context, grid.data);  // 25 MiB buckets, average
+//   for (auto& p : parameters) buckets.add(p.gradient);          // in the order backward finishes them
 //   // each step:
-//   ...backward of the last layer...  buckets.ready(i);      // gradient i is final
-//   ...                                                      // a full bucket starts reducing
-//   buckets.wait();                                          // all reduced, written back
+//   ...backward of the last layer...  buckets.ready(i);          // gradient i is final
+//   ...                                                          // a full bucket starts reducing
+//   buckets.wait();                                              // all reduced, written back
 //
 // Small gradients would each pay an all-reduce's latency; a bucket holds consecutive ones in one
-// buffer of about `bucket_bytes` and reduces it with one (nonblocking) call, started as soon as
+// buffer of about `bucket_bytes` and reduces it with one nonblocking call, started as soon as
 // its last gradient is marked ready, while backward goes on with the layers before. Gradients
 // registered with add(data, count) live where the caller keeps them and are copied into their
 // bucket and back; gradients made with add<T>(count) live in the bucket itself (the model
 // uses the returned View as its gradient), so nothing is copied (PyTorch DDP's
 // gradient_as_bucket_view). A gradient larger than a bucket is reduced in place, alone. A bucket
-// holds one element type and one kind. Host memory (MPI); on GPUs the stream-ordered NCCL
-// all-reduce overlaps by itself.
+// holds one element type and one kind.
+//
+// Memory: gradients and buckets are in the memory of the context's space (ExecSpace, the host's
+// by default); copies run on its instance. Host memory reduces through MPI (nonblocking, tested
+// on each ready() so that MPI moves it on); CUDA memory through NCCL on the instance's stream.
+#include <Kokkos_Core.hpp>
+
+#include <algorithm>
 #include <cstddef>
+#include <string>
 #include <vector>
 
+#include "longattn/core/execution_context.hpp"
 #include "longattn/memory/pooled_view.hpp"
 #include "longattn/parallel/communicator.hpp"
 
@@ -32,15 +40,28 @@ struct GradientBucketOptions {
   bool hierarchical = true;  // reduce-scatter / all-reduce / all-gather over the nodes
 };
 
+template <class ExecSpace = Kokkos::DefaultHostExecutionSpace>
 class GradientBuckets {
  public:
-  explicit GradientBuckets(Communicator communicator, const GradientBucketOptions& options = {});
+  using memory_space = typename ExecSpace::memory_space;
+  using Context = ExecutionContext<ExecSpace>;
+
+  GradientBuckets(const Context& context, Communicator communicator, const GradientBucketOptions& options = {})
+      : context_(context), comm_(std::move(communicator)), options_(options) {
+    comm_.guarded(where_, [&] {
+      require(options.bucket_bytes >= 1, where_, "options.bucket_bytes", options.bucket_bytes, "at least one byte");
+    });
+  }
+  // On the space's default instance and pool.
+  explicit GradientBuckets(Communicator communicator, const GradientBucketOptions& options = {})
+      : GradientBuckets(Context(), std::move(communicator), options) {}
   GradientBuckets(const GradientBuckets&) = delete;
   GradientBuckets& operator=(const GradientBuckets&) = delete;
-  ~GradientBuckets();  // waits for what is in flight
+  ~GradientBuckets() = default;  // each bucket's Request waits for its reduction
 
-  // Registers a gradient of `count` elements that the caller keeps (host memory); returns its
-  // index. Gradients are registered before the first step, in the order backward makes them final.
+  // Registers a gradient of `count` elements that the caller keeps (in the space's memory);
+  // returns its index. Gradients are registered before the first step, in the order backward
+  // makes them final.
   template <class T>
   int add(T* data, std::size_t count) {
     return add_gradient(data, count, data_type_of<T>(), false);
@@ -48,34 +69,75 @@ class GradientBuckets {
   // A gradient of `count` elements stored in its bucket: use the View as the gradient. Its index
   // is the next one (gradients() - 1 after the call).
   template <class T>
-  Kokkos::View<T*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged> add(std::size_t count) {
+  Kokkos::View<T*, memory_space, Kokkos::MemoryUnmanaged> add(std::size_t count) {
     const int index = add_gradient(nullptr, count, data_type_of<T>(), true);
-    return Kokkos::View<T*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>(
+    return Kokkos::View<T*, memory_space, Kokkos::MemoryUnmanaged>(
         static_cast<T*>(gradients_[std::size_t(index)].data), count);
   }
   template <class View>
   int add(const View& gradient) {
-    static_assert(Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename View::memory_space>::accessible,
-                  "GradientBuckets: gradients in host memory");
-    require(gradient.span_is_contiguous(), "longattn::parallel::GradientBuckets::add", "gradient", gradient.label(),
-            "a contiguous View");
+    static_assert(std::is_same_v<typename View::memory_space, memory_space>,
+                  "GradientBuckets: gradients in the memory space of its execution space");
+    comm_.guarded(add_where_, [&] {
+      require(gradient.span_is_contiguous(), add_where_, "gradient", gradient.label(), "a contiguous View");
+    });
     return add(gradient.data(), gradient.size());
   }
 
-  // Gradient `index` is final for this step. When it completes its bucket, the bucket's
-  // all-reduce starts; in-flight reductions are progressed either way.
-  void ready(int index);
-  // Completes the step: buckets not yet started are reduced now (blocking: nothing is left to
-  // overlap), every reduction is waited for and written back into the gradients. The next step
-  // starts with all gradients not ready.
-  void wait();
+  // Gradient `index` is final for this step (the work that made it may still be queued on the
+  // instance). When it completes its bucket, the bucket's all-reduce starts; in-flight
+  // reductions are progressed either way.
+  void ready(int index) {
+    const char* where = "longattn::parallel::GradientBuckets::ready";
+    if (!frozen_) freeze();
+    comm_.guarded(where, [&] {
+      if (index < 0 || std::size_t(index) >= gradients_.size())
+        throw_invalid_argument(where, "index", index,
+                               "a gradient from 0 to " + std::to_string(int(gradients_.size()) - 1));
+      require(!ready_[std::size_t(index)], where, "index", index, "a gradient not yet ready in this step");
+    });
+    ready_[std::size_t(index)] = true;
+    Bucket& bucket = buckets_[std::size_t(gradients_[std::size_t(index)].bucket)];
+    if (--bucket.pending == 0) start(bucket, false);
+    for (Bucket& b : buckets_)
+      if (b.started) b.request.test();
+  }
+
+  // Completes the step: buckets not yet started are reduced now (gradients never marked ready
+  // count as final), every reduction is waited for and written back into the gradients, and
+  // the instance is fenced. The next step starts with all gradients not ready.
+  void wait() {
+    if (!frozen_) freeze();
+    for (Bucket& bucket : buckets_)
+      if (!bucket.started) start(bucket, true);
+    for (Bucket& bucket : buckets_) {
+      bucket.request.wait();
+      if (!bucket.stores_gradients && !bucket.alone)
+        for (const int m : bucket.members) {
+          const Gradient& g = gradients_[std::size_t(m)];
+          Kokkos::deep_copy(context_.exec(), bytes(g.data, g.count * size_of(g.type)),
+                            bytes(bucket.buffer.data() + g.offset * size_of(g.type), g.count * size_of(g.type)));
+        }
+      bucket.started = false;
+      bucket.pending = int(bucket.members.size());
+    }
+    context_.exec().fence();
+    std::fill(ready_.begin(), ready_.end(), false);
+  }
 
   std::size_t gradients() const { return gradients_.size(); }
   std::size_t buckets() const { return buckets_.size(); }
-  std::size_t buckets_started() const;  // this step, so far
+  std::size_t buckets_started() const {  // this step, so far
+    return std::size_t(std::count_if(buckets_.begin(), buckets_.end(), [](const Bucket& b) { return b.started; }));
+  }
   const GradientBucketOptions& options() const { return options_; }
 
  private:
+  static constexpr const char* where_ = "longattn::parallel::GradientBuckets";
+  static constexpr const char* add_where_ = "longattn::parallel::GradientBuckets::add";
+  using Bytes = Kokkos::View<unsigned char*, memory_space, Kokkos::MemoryUnmanaged>;
+  static Bytes bytes(void* data, std::size_t count) { return Bytes(static_cast<unsigned char*>(data), count); }
+
   struct Gradient {
     void* data;
     std::size_t count;
@@ -90,16 +152,91 @@ class GradientBuckets {
     bool stores_gradients = false;  // members live in `buffer` (made with add<T>(count))
     bool alone = false;             // one gradient of bucket_bytes or more
     int pending = 0;                // members not yet ready this step
-    memory::PooledView<Kokkos::View<unsigned char*, Kokkos::HostSpace>> buffer;
+    memory::PooledView<Kokkos::View<unsigned char*, memory_space>> buffer;
     Request request;
     bool started = false;
   };
 
-  int add_gradient(void* data, std::size_t count, DataType type, bool stored);
-  void freeze();  // before the first step: copy buffers for the buckets of kept gradients
-  void start(Bucket& bucket, bool blocking);
-  void progress();
+  // Buckets are laid out as gradients come: consecutive gradients of one type and one kind fill a
+  // bucket up to bucket_bytes; a gradient that alone reaches bucket_bytes is a bucket of its own.
+  // Buckets that store their gradients get their buffer when they open (their gradients' Views
+  // must exist from the start), at bucket_bytes, or the gradient's size when alone.
+  int add_gradient(void* data, std::size_t count, DataType type, bool stored) {
+    const char* where = add_where_;
+    comm_.guarded(where, [&] {
+      require(!frozen_, where, "this", "a set of buckets already in use",
+              "every gradient added before the first ready() or wait()");
+      require(count >= 1, where, "count", count, "at least one element");
+      require(stored || data != nullptr, where, "data", "nullptr",
+              "a gradient of " + std::to_string(count) + " elements");
+      require(options_.op != ReduceOp::average || type == DataType::float32 || type == DataType::float64, where,
+              "type", to_string(type), "float or double to average");
+    });
+    const std::size_t size = count * size_of(type);
+    const bool alone = size >= options_.bucket_bytes;
+    if (alone || !open_ || buckets_.back().type != type || buckets_.back().stores_gradients != stored ||
+        open_bytes_ + size > options_.bucket_bytes) {
+      buckets_.emplace_back();
+      Bucket& opened = buckets_.back();
+      opened.type = type;
+      opened.stores_gradients = stored;
+      opened.alone = alone;
+      if (stored) opened.buffer = make_buffer(alone ? size : options_.bucket_bytes);
+      open_ = !alone;
+      open_bytes_ = 0;
+    }
+    Bucket& bucket = buckets_.back();
+    Gradient g{data, count, type, int(buckets_.size()) - 1, bucket.count};
+    if (stored) g.data = bucket.buffer.data() + g.offset * size_of(type);
+    bucket.count += count;
+    bucket.members.push_back(int(gradients_.size()));
+    open_bytes_ += size;
+    gradients_.push_back(g);
+    return int(gradients_.size()) - 1;
+  }
 
+  memory::PooledView<Kokkos::View<unsigned char*, memory_space>> make_buffer(std::size_t size) const {
+    return memory::PooledView<Kokkos::View<unsigned char*, memory_space>>(context_.pool(), size);
+  }
+
+  // The first step begins: the buckets of kept gradients get the buffer they are packed into
+  // (a kept gradient alone is reduced where it is).
+  void freeze() {
+    for (Bucket& bucket : buckets_) {
+      if (!bucket.stores_gradients && !bucket.alone) bucket.buffer = make_buffer(bucket.count * size_of(bucket.type));
+      bucket.pending = int(bucket.members.size());
+    }
+    ready_.assign(gradients_.size(), false);
+    open_ = false;
+    frozen_ = true;
+  }
+
+  // Packs a bucket of kept gradients (nothing to do for the others) and starts its reduction:
+  // nonblocking when it can overlap the rest of backward; on host memory blocking when wait()
+  // gets to it, as there is nothing left to overlap and MPI's blocking collectives are faster.
+  void start(Bucket& bucket, bool blocking) {
+    const ExecSpace& exec = context_.exec();
+    const std::size_t element = size_of(bucket.type);
+    void* data = bucket.alone && !bucket.stores_gradients ? gradients_[std::size_t(bucket.members.front())].data
+                                                          : static_cast<void*>(bucket.buffer.data());
+    if (!bucket.stores_gradients && !bucket.alone)
+      for (const int m : bucket.members) {
+        const Gradient& g = gradients_[std::size_t(m)];
+        Kokkos::deep_copy(exec, bytes(static_cast<unsigned char*>(data) + g.offset * element, g.count * element),
+                          bytes(g.data, g.count * element));
+      }
+    constexpr bool host_memory = Kokkos::SpaceAccessibility<Kokkos::HostSpace, memory_space>::accessible;
+    if (host_memory && blocking) {
+      exec.fence();
+      if (options_.hierarchical) comm_.hierarchical_all_reduce(data, data, bucket.count, bucket.type, options_.op);
+      else comm_.all_reduce(data, data, bucket.count, bucket.type, options_.op);
+    } else {
+      bucket.request = comm_.iall_reduce(exec, data, data, bucket.count, bucket.type, options_.op, options_.hierarchical);
+    }
+    bucket.started = true;
+  }
+
+  Context context_;
   Communicator comm_;
   GradientBucketOptions options_;
   std::vector<Gradient> gradients_;

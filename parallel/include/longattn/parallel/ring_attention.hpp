@@ -40,8 +40,12 @@
 // that needs it (a local window then talks to neighbours only). Make one per (group, sequence,
 // pattern) and reuse it for forward and backward across steps.
 //
-// Host memory (MPI). Errors follow the group's ErrorPolicy and are agreed between ranks first:
-// when one rank's input is wrong, every rank fails with its message and none is left waiting.
+// Transfers: each step's messages are one exchange (communicator.hpp) that every rank starts at
+// the same point of the schedule - MPI on host memory, one NCCL group on CUDA memory - and a
+// step's gradient leaves with the next step's exchange, where its receiver takes it. Buffers
+// live in the memory of ctx's space. Errors follow the group's ErrorPolicy and are agreed
+// between ranks first: when one rank's input is wrong, every rank fails with its message and
+// none is left waiting.
 #include <Kokkos_Core.hpp>
 
 #include <algorithm>
@@ -412,21 +416,52 @@ void add_into(const ExecSpace& exec, const Dst& dst, const Src& src) {
       KOKKOS_LAMBDA(int b, int n, int h, int d) { dst(b, n, h, d) += src(b, n, h, d); });
 }
 
-enum RingTag { kv_tag = 11, gradient_tag = 12, return_tag = 13, outer_kv_tag = 14 };
+// The messages a rank starts together at one step (one exchange: communicator.hpp), added in
+// the same order on every rank - K and V pieces, then gradients along the inner ring, then
+// nodes' totals going home - so that the messages between two ranks pair up in order, as NCCL
+// pairs them. Counts the bytes sent in the plan's timings.
+template <class ExecSpace>
+class StepTransfers {
+ public:
+  explicit StepTransfers(const RingPlan<ExecSpace>& plan) : plan_(plan) {}
+  template <class T, class Memory>
+  void send(const PieceBuffer<T, Memory>& buffer, std::int64_t tokens, int destination) {
+    const std::size_t count = buffer.count(tokens);
+    plan_.timings().bytes_sent += std::int64_t(count * sizeof(T));
+    if (!plan_.same_node(destination)) plan_.timings().bytes_sent_off_node += std::int64_t(count * sizeof(T));
+    transfers_.push_back(Transfer::send(buffer.memory.data(), count, data_type_of<T>(), destination));
+  }
+  template <class T, class Memory>
+  void receive(const PieceBuffer<T, Memory>& buffer, std::int64_t tokens, int source) {
+    transfers_.push_back(Transfer::receive(buffer.memory.data(), buffer.count(tokens), data_type_of<T>(), source));
+  }
+  // An exchange with nothing in it is not started (it would move nothing, on any transport).
+  Request start(const ExecSpace& exec) const {
+    return transfers_.empty() ? Request() : plan_.group().exchange(exec, transfers_);
+  }
 
-// Sends `tokens` of a piece buffer to `destination`, counting the bytes in the plan's timings.
+ private:
+  const RingPlan<ExecSpace>& plan_;
+  std::vector<Transfer> transfers_;
+};
+
+// Step (o, 0) of round c between nodes: the piece held goes to the next node, the one for step
+// (o + 1, 0) comes from the previous node (in flight for the whole outer step).
 template <class ExecSpace, class T, class Memory>
-Request send_piece(const RingPlan<ExecSpace>& plan, const PieceBuffer<T, Memory>& buffer, std::int64_t tokens,
-                   int destination, int tag) {
-  const std::size_t count = buffer.count(tokens);
-  plan.timings().bytes_sent += std::int64_t(count * sizeof(T));
-  if (!plan.same_node(destination)) plan.timings().bytes_sent_off_node += std::int64_t(count * sizeof(T));
-  return plan.group().isend(buffer.memory.data(), count, data_type_of<T>(), destination, tag);
+void add_outer_kv(StepTransfers<ExecSpace>& x, const RingPlan<ExecSpace>& plan, const KvBuffers<T, Memory>& kv, int o,
+                  int c) {
+  if (plan.sends_outer(o, c)) x.send(kv.at(o, 0), plan.piece(plan.owner_at(o, 0), c).tokens, plan.next_outer());
+  if (plan.receives_outer(o, c))
+    x.receive(kv.at(o + 1, 0), plan.piece(plan.owner_at(o + 1, 0), c).tokens, plan.previous_outer());
 }
+
+// Step (o, s) of round c inside the node: the piece held goes on, the next one arrives.
 template <class ExecSpace, class T, class Memory>
-Request receive_piece(const RingPlan<ExecSpace>& plan, const PieceBuffer<T, Memory>& buffer, std::int64_t tokens,
-                      int source, int tag) {
-  return plan.group().irecv(buffer.memory.data(), buffer.count(tokens), data_type_of<T>(), source, tag);
+void add_inner_kv(StepTransfers<ExecSpace>& x, const RingPlan<ExecSpace>& plan, const KvBuffers<T, Memory>& kv, int o,
+                  int s, int c) {
+  if (plan.sends_inner(o, s, c)) x.send(kv.at(o, s), plan.piece(plan.owner_at(o, s), c).tokens, plan.next_inner());
+  if (plan.receives_inner(o, s, c))
+    x.receive(kv.at(o, s + 1), plan.piece(plan.owner_at(o, s + 1), c).tokens, plan.previous_inner());
 }
 
 // This rank's piece of round c, K and V packed, into the buffer of step (0, 0).
@@ -439,23 +474,6 @@ void load_own_piece(const ExecSpace& exec, const RingPlan<ExecSpace>& plan, cons
   Kokkos::deep_copy(exec, buffer.keys(mine.tokens), token_range<1>(k, mine.local_begin, mine.tokens));
   Kokkos::deep_copy(exec, buffer.values(mine.tokens), token_range<1>(v, mine.local_begin, mine.tokens));
   exec.fence();
-}
-
-// Starts the K/V transfers of step (o, s) of round c: the inner ring's (done by the step's end),
-// and at s = 0 the outer ring's (in flight for the whole outer step).
-template <class ExecSpace, class T, class Memory>
-void start_kv_transfers(const RingPlan<ExecSpace>& plan, const KvBuffers<T, Memory>& kv, int o, int s, int c,
-                        Request& outer_send, Request& outer_receive, Request& send, Request& receive) {
-  const std::int64_t held = plan.piece(plan.owner_at(o, s), c).tokens;
-  if (s == 0 && plan.sends_outer(o, c))
-    outer_send = send_piece(plan, kv.at(o, 0), held, plan.next_outer(), outer_kv_tag);
-  if (s == 0 && plan.receives_outer(o, c))
-    outer_receive = receive_piece(plan, kv.at(o + 1, 0), plan.piece(plan.owner_at(o + 1, 0), c).tokens,
-                                  plan.previous_outer(), outer_kv_tag);
-  if (plan.sends_inner(o, s, c)) send = send_piece(plan, kv.at(o, s), held, plan.next_inner(), kv_tag);
-  if (plan.receives_inner(o, s, c))
-    receive = receive_piece(plan, kv.at(o, s + 1), plan.piece(plan.owner_at(o, s + 1), c).tokens,
-                            plan.previous_inner(), kv_tag);
 }
 
 // Adds the seconds from its construction to its destruction to `total`.
@@ -472,8 +490,8 @@ class Stopwatch {
 template <class ExecSpace, class T, class View>
 void check_ring_tensor(const char* where, const char* name, const View& view, std::int64_t batch, std::int64_t local,
                        std::int64_t heads, std::int64_t head_dim) {
-  static_assert(Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename View::memory_space>::accessible,
-                "ring attention exchanges through MPI: host memory (the device path comes with NCCL p2p)");
+  static_assert(Kokkos::SpaceAccessibility<ExecSpace, typename View::memory_space>::accessible,
+                "ring attention: tensors that the execution space can reach");
   if constexpr (View::rank == 4)
     longattn::check_extents(where, name, view, {batch, local, heads, head_dim},
                                     "[batch, tokens of this rank, heads, head dim]");
@@ -539,14 +557,20 @@ void ring_attention_forward(const On& on, const RingPlan<execution_space_of<On>>
   comm.guarded(where, [&] {
     for (int c = 0; c < plan.rounds(); ++c)
       for (int outer = 0; outer < plan.outer_steps(); ++outer) {
-        Request outer_send, outer_receive;  // overlap the whole outer step
+        Request outer_transfers;  // overlap the whole outer step
         for (int s = 0; s < plan.inner_steps(); ++s) {
           const int owner = plan.owner_at(outer, s);
           const Piece& held = plan.piece(owner, c);
           const auto& buffer = kv.at(outer, s);
           if (outer == 0 && s == 0) detail::load_own_piece(exec, plan, kv, k, v, c);
-          Request send, receive;
-          detail::start_kv_transfers(plan, kv, outer, s, c, outer_send, outer_receive, send, receive);
+          if (s == 0) {
+            detail::StepTransfers<ExecSpace> x(plan);
+            detail::add_outer_kv(x, plan, kv, outer, c);
+            outer_transfers = x.start(exec);
+          }
+          detail::StepTransfers<ExecSpace> x(plan);
+          detail::add_inner_kv(x, plan, kv, outer, s, c);
+          Request transfers = x.start(exec);
           std::optional<detail::Stopwatch> computing(std::in_place, timings.compute_seconds);
           if (plan.holds(outer, s, c))
             for (int g = 0; g < int(plan.segments().size()); ++g) {
@@ -566,12 +590,10 @@ void ring_attention_forward(const On& on, const RingPlan<execution_space_of<On>>
           exec.fence();
           computing.reset();
           const detail::Stopwatch waiting(timings.wait_seconds);
-          send.wait();
-          receive.wait();
+          transfers.wait();
         }
         const detail::Stopwatch waiting(timings.wait_seconds);
-        outer_send.wait();
-        outer_receive.wait();
+        outer_transfers.wait();
       }
   });
 }
@@ -624,7 +646,8 @@ void ring_attention_backward(const On& on, const RingPlan<execution_space_of<On>
   using Buffer = detail::PieceBuffer<T, Memory>;
   const auto& pool = context.pool();
   const detail::KvBuffers<T, Memory> kv(pool, outer_steps, inner_steps, largest, b, h, d);
-  // dK, dV of the piece held (two: one may be in flight); the accumulator from the previous rank.
+  // dK, dV of the piece held (two: the last step's goes out while this step's is computed); the
+  // accumulator from the previous rank.
   const Buffer piece_grad[2] = {{pool, largest, b, h, d}, {pool, largest, b, h, d}};
   const Buffer incoming{pool, largest, b, h, d};
   // This rank's own piece, a node's total back from its route (one per outer step in flight).
@@ -635,41 +658,60 @@ void ring_attention_backward(const On& on, const RingPlan<execution_space_of<On>
   comm.guarded(where, [&] {
     for (int c = 0; c < plan.rounds(); ++c) {
       const Piece& mine = plan.piece(me, c);
-      Request node_total[2], gradient_out[2];  // per returned buffer; per gradient buffer
+      // A step's gradient leaves with the next step's exchange (where its receiver, computing that
+      // step, takes it): on along the inner ring, or home to the piece's owner.
+      struct Outgoing {
+        const Buffer* gradient;
+        std::int64_t tokens;
+        int destination;
+        bool along_ring;
+      };
+      std::optional<Outgoing> outgoing;
+      bool total_arrived[2] = {false, false};  // per returned buffer: a node's total, not yet added
       auto add_node_total = [&](int slot) {
-        if (!node_total[slot].active()) return;
-        {
-          const detail::Stopwatch waiting(timings.wait_seconds);
-          node_total[slot].wait();
-        }
+        if (!total_arrived[slot]) return;
         detail::add_into(exec, detail::token_range<1>(dk, mine.local_begin, mine.tokens), returned[std::size_t(slot)].keys(mine.tokens));
         detail::add_into(exec, detail::token_range<1>(dv, mine.local_begin, mine.tokens), returned[std::size_t(slot)].values(mine.tokens));
         exec.fence();
+        total_arrived[slot] = false;
+      };
+      // The exchange after step `done` ends this rank's piece's route in the node of outer step
+      // o: that node's total comes home in it.
+      auto receive_node_total = [&](detail::StepTransfers<ExecSpace>& x, int done) {
+        const int o = done / inner_steps, s = done % inner_steps;
+        if (done < 0 || s != plan.inner_route(me, c, o) || (o == 0 && s == 0)) return;
+        x.receive(returned[std::size_t(o % 2)], mine.tokens, plan.holder(me, o, s));
+        total_arrived[o % 2] = true;
+      };
+      auto send_outgoing = [&](detail::StepTransfers<ExecSpace>& x, bool along_ring) {
+        if (outgoing && outgoing->along_ring == along_ring)
+          x.send(*outgoing->gradient, outgoing->tokens, outgoing->destination);
       };
       for (int outer = 0; outer < outer_steps; ++outer) {
-        // The total of the node this rank's piece reaches at this outer step comes back here.
-        add_node_total(outer % 2);
-        const int end = plan.inner_route(me, c, outer);
-        if (end >= 0 && (outer > 0 || end > 0))
-          node_total[outer % 2] = detail::receive_piece(plan, returned[std::size_t(outer % 2)], mine.tokens,
-                                                        plan.holder(me, outer, end), detail::return_tag);
-        Request outer_send, outer_receive;
+        add_node_total(outer % 2);  // its buffer takes this outer step's total
+        Request outer_transfers;
         for (int s = 0; s < inner_steps; ++s) {
           const int owner = plan.owner_at(outer, s), step = outer * inner_steps + s;
           const Piece& held = plan.piece(owner, c);
           const auto& buffer = kv.at(outer, s);
           if (outer == 0 && s == 0) detail::load_own_piece(exec, plan, kv, k, v, c);
-          Request send, receive, gradient_in;
-          detail::start_kv_transfers(plan, kv, outer, s, c, outer_send, outer_receive, send, receive);
-          if (plan.accumulates(outer, s, c)) {
-            if (s >= 1)
-              gradient_in = detail::receive_piece(plan, incoming, held.tokens, plan.previous_inner(), detail::gradient_tag);
-            // This buffer's send was two steps ago; its receiver took it before the last step ended.
+          if (s == 0) {
+            detail::StepTransfers<ExecSpace> x(plan);
+            detail::add_outer_kv(x, plan, kv, outer, c);
+            outer_transfers = x.start(exec);
+          }
+          // K/V, gradients along the ring, totals home: the order of StepTransfers.
+          const bool accumulates = plan.accumulates(outer, s, c), receives_gradient = accumulates && s >= 1;
+          detail::StepTransfers<ExecSpace> x(plan);
+          detail::add_inner_kv(x, plan, kv, outer, s, c);
+          send_outgoing(x, true);
+          if (receives_gradient) x.receive(incoming, held.tokens, plan.previous_inner());
+          send_outgoing(x, false);
+          receive_node_total(x, step - 1);
+          outgoing.reset();
+          Request transfers = x.start(exec);
+          if (accumulates) {
             const Buffer& g = piece_grad[step % 2];
-            {
-              const detail::Stopwatch waiting(timings.wait_seconds);
-              gradient_out[step % 2].wait();
-            }
             std::optional<detail::Stopwatch> computing(std::in_place, timings.compute_seconds);
             Kokkos::deep_copy(exec, g.packed(held.tokens), T(0));
             for (int seg_index = 0; seg_index < int(plan.segments().size()); ++seg_index) {
@@ -690,10 +732,10 @@ void ring_attention_backward(const On& on, const RingPlan<execution_space_of<On>
             }
             exec.fence();
             computing.reset();
-            if (s >= 1) {  // the parts of the ranks before this one in the node
+            if (receives_gradient) {  // the parts of the ranks before this one in the node
               {
                 const detail::Stopwatch waiting(timings.wait_seconds);
-                gradient_in.wait();
+                transfers.wait();
               }
               const detail::Stopwatch adding(timings.compute_seconds);
               detail::add_into(exec, g.keys(held.tokens), incoming.keys(held.tokens));
@@ -701,26 +743,27 @@ void ring_attention_backward(const On& on, const RingPlan<execution_space_of<On>
               exec.fence();
             }
             if (plan.sends_inner(outer, s, c))  // on with the piece
-              gradient_out[step % 2] = detail::send_piece(plan, g, held.tokens, plan.next_inner(), detail::gradient_tag);
+              outgoing = Outgoing{&g, held.tokens, plan.next_inner(), true};
             else if (step > 0)  // the end of its route in this node: the node's total goes home
-              gradient_out[step % 2] = detail::send_piece(plan, g, held.tokens, owner, detail::return_tag);
+              outgoing = Outgoing{&g, held.tokens, owner, false};
             else {  // a piece only its owner needs
               detail::add_into(exec, detail::token_range<1>(dk, mine.local_begin, mine.tokens), g.keys(mine.tokens));
               detail::add_into(exec, detail::token_range<1>(dv, mine.local_begin, mine.tokens), g.values(mine.tokens));
             }
           }
           const detail::Stopwatch waiting(timings.wait_seconds);
-          send.wait();
-          receive.wait();
+          transfers.wait();
         }
         const detail::Stopwatch waiting(timings.wait_seconds);
-        outer_send.wait();
-        outer_receive.wait();
+        outer_transfers.wait();
       }
-      {
+      {  // the round's end: the last step's gradient goes home, the last totals arrive
+        detail::StepTransfers<ExecSpace> x(plan);
+        send_outgoing(x, false);
+        receive_node_total(x, outer_steps * inner_steps - 1);
+        outgoing.reset();
         const detail::Stopwatch waiting(timings.wait_seconds);
-        gradient_out[0].wait();
-        gradient_out[1].wait();
+        x.start(exec).wait();
       }
       for (int outer = std::max(0, outer_steps - 2); outer < outer_steps; ++outer) add_node_total(outer % 2);
       exec.fence();

@@ -82,30 +82,31 @@ void shard(const ExecSpace& exec, const Global& global, const Local& local, int 
   exec.fence();
 }
 
-// Every rank's `local` gathered into `global` on every rank (collective over `group`).
+// Every rank's `local` gathered into `global` on every rank (collective over `group`). Any
+// memory: the gather goes through host copies (it serves checks and checkpoints, not steps).
 template <int TokenDim = 1, class ExecSpace, class Local, class Global>
 void unshard(const ExecSpace& exec, const Communicator& group, const Local& local, const Global& global,
              Sharding sharding) {
   const char* where = "longattn::parallel::unshard";
   using T = typename Global::non_const_value_type;
-  static_assert(Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename Global::memory_space>::accessible,
-                "unshard gathers through MPI: host memory");
   const int P = group.size();
   group.guarded(where, [&] { detail::check_shard_extents<TokenDim>(where, global, local, P); });
   // Contiguous copies of every rank's tensor, one after the other, then each segment in place.
   using Block = Kokkos::View<typename Local::non_const_data_type, Kokkos::LayoutRight, Kokkos::HostSpace>;
+  const auto local_host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), local);
   const Block mine = detail::contiguous_like<Block>("longattn::parallel::unshard::mine", local);
-  Kokkos::deep_copy(exec, mine, local);
-  exec.fence();
+  Kokkos::deep_copy(mine, local_host);
   std::vector<T> all(mine.size() * std::size_t(P));
   group.all_gather(mine.data(), all.data(), mine.size(), data_type_of<T>());
+  const auto global_host = Kokkos::create_mirror_view(Kokkos::HostSpace(), global);
   const std::int64_t N = std::int64_t(global.extent(TokenDim));
   for (int r = 0; r < P; ++r) {
     const Block theirs = detail::wrap_like<Block>(all.data() + mine.size() * std::size_t(r), local);
     for (const Segment& s : shard_segments(N, P, r, sharding))
-      Kokkos::deep_copy(exec, detail::token_range<TokenDim>(global, s.global_begin, s.tokens),
+      Kokkos::deep_copy(detail::token_range<TokenDim>(global_host, s.global_begin, s.tokens),
                         detail::token_range<TokenDim>(theirs, s.local_begin, s.tokens));
   }
+  Kokkos::deep_copy(exec, global, global_host);
   exec.fence();
 }
 

@@ -9,8 +9,10 @@
 //   takes the same AdamW step.
 //
 // The loss is the mean over the global batch's weighted tokens whatever dp and cp are, so a run
-// gives the same losses on any grid (up to rounding). Host memory: the model runs on
-// Kokkos::DefaultHostExecutionSpace (ring attention and the buckets exchange host buffers).
+// gives the same losses on any grid (up to rounding). The model, its gradients and the
+// optimizer's moments live in the memory of the execution space, which runs every kernel:
+// Kokkos::DefaultExecutionSpace (the GPU in a CUDA build: ring attention and the buckets then
+// go through NCCL). Batches are made on the host and copied over; checkpoints are host copies.
 #pragma once
 
 #include <cstdint>
@@ -69,7 +71,9 @@ struct TrainResult {
   nlohmann::json to_json(const TrainConfig& config) const;
 };
 
-// Collective over `world`. Rank 0 prints to `log` (nullptr: nothing).
+// Collective over `world`. Rank 0 prints to `log` (nullptr: nothing). Built for
+// Kokkos::DefaultExecutionSpace (src/trainer.cpp).
+template <class ExecSpace = Kokkos::DefaultExecutionSpace>
 TrainResult run_training(const TrainConfig& config, const parallel::Communicator& world, std::ostream* log);
 
 }  // namespace longattn::train
