@@ -23,10 +23,13 @@ using CudaSpaces = std::tuple<Kokkos::Cuda>;
 using CudaSpaces = std::tuple<>;
 #endif
 
-// The host's spaces (what MPI exchanges without a device path).
-using HostExecutionSpaces = decltype(std::tuple_cat(std::declval<SerialSpaces>(), std::declval<OpenMPSpaces>()));
-
 using ExecutionSpaces = decltype(std::tuple_cat(std::declval<SerialSpaces>(), std::declval<OpenMPSpaces>(),
                                                 std::declval<CudaSpaces>()));
+
+// The MPI tests' spaces: the host's default and the GPU's. The parallel layer's code is the same
+// on every host space and its kernels are tested on each in core; at one thread per rank a
+// second host space would repeat the same runs.
+using MpiTestSpaces =
+    decltype(std::tuple_cat(std::declval<std::tuple<Kokkos::DefaultHostExecutionSpace>>(), std::declval<CudaSpaces>()));
 
 }  // namespace longattn::test

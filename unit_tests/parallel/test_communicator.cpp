@@ -274,7 +274,7 @@ TEST_CASE("sub-communicators and the data x context grid reduce over their own r
   }
 }
 
-TEMPLATE_LIST_TEST_CASE("Views are reduced in place", "[parallel][collectives]", longattn::test::ExecutionSpaces) {
+TEMPLATE_LIST_TEST_CASE("Views are reduced in place", "[parallel][collectives]", longattn::test::MpiTestSpaces) {
   using Exec = TestType;
   const std::uint64_t seed = shared_seed();
   const Communicator comm = Communicator::world(throwing_options(2));

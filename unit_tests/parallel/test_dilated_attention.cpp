@@ -24,7 +24,7 @@ using longattn::DilatedConfig;
 using longattn::DilatedMode;
 using longattn::parallel::Communicator;
 
-using Spaces = longattn::test::ExecutionSpaces;  // MPI on host memory, NCCL on CUDA memory
+using Spaces = longattn::test::MpiTestSpaces;  // MPI on host memory, NCCL on CUDA memory
 using longattn::test::Rows;
 using longattn::test::Tensor;
 using longattn::test::shared_seed;

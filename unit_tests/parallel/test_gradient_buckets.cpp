@@ -1,7 +1,7 @@
 // GradientBuckets under mpiexec: 200 small gradients of odd sizes (float and double) and one
 // larger than a bucket, marked ready in backward order; buckets start before wait(), results
 // equal the serial average on flat and simulated-node communicators, over several steps; the
-// same in the memory of every execution space (NCCL on CUDA memory).
+// same in the memory of the host's default space and the GPU's (NCCL on CUDA memory).
 #include <mpi.h>
 
 #include <catch2/catch.hpp>
@@ -164,7 +164,7 @@ TEST_CASE("the first buckets start while later gradients are not yet ready", "[p
 }
 
 TEMPLATE_LIST_TEST_CASE("gradients in the memory of an execution space are summed there",
-                        "[parallel][buckets]", longattn::test::ExecutionSpaces) {
+                        "[parallel][buckets]", longattn::test::MpiTestSpaces) {
   using Exec = TestType;
   using Memory = typename Exec::memory_space;
   const std::uint64_t seed = longattn::test::shared_seed();

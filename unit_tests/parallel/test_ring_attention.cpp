@@ -26,7 +26,7 @@ using longattn::parallel::Communicator;
 using longattn::parallel::RingOptions;
 using longattn::parallel::Sharding;
 
-using Spaces = longattn::test::ExecutionSpaces;  // MPI on host memory, NCCL on CUDA memory
+using Spaces = longattn::test::MpiTestSpaces;  // MPI on host memory, NCCL on CUDA memory
 using longattn::test::Rows;
 using longattn::test::Tensor;
 using longattn::test::shared_seed;
