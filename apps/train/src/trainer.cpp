@@ -78,14 +78,8 @@ class LocalBatch {
   typename Model::Weights::HostMirror weights_;
 };
 
-// A stretch of floats in the model's memory and its place in a checkpoint's payload.
-template <class Memory>
-void copy_floats(float* to, const float* from, std::size_t count, bool to_payload) {
-  using Host = Kokkos::View<float*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>;
-  using Model = Kokkos::View<float*, Memory, Kokkos::MemoryUnmanaged>;
-  if (to_payload) Kokkos::deep_copy(Host(to, count), Model(const_cast<float*>(from), count));
-  else Kokkos::deep_copy(Model(to, count), Host(const_cast<float*>(from), count));
-}
+// A stretch of a checkpoint's payload, as floats.
+using PayloadFloats = Kokkos::View<float*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>;
 
 std::string duration(double seconds) {
   const long s = long(std::lround(std::max(0.0, seconds)));
@@ -190,12 +184,12 @@ TrainResult run_training(const TrainConfig& config, const parallel::Communicator
   }
   AdamW<Exec, float> optimizer(context, config.optimizer, groups);
   // A checkpoint's payload, in order: every group's parameters, then AdamW's two moments.
-  std::vector<std::pair<float*, std::size_t>> state;
+  std::vector<Kokkos::View<float*, Memory, Kokkos::MemoryUnmanaged>> state;
   for (const auto& g : groups) state.emplace_back(g.values, g.count);
   state.emplace_back(optimizer.first_moment().data(), optimizer.first_moment().size());
   state.emplace_back(optimizer.second_moment().data(), optimizer.second_moment().size());
   std::size_t state_bytes = 0;
-  for (const auto& [data, count] : state) state_bytes += count * sizeof(float);
+  for (const auto& part : state) state_bytes += part.size() * sizeof(float);
   std::mt19937_64 train_rng(config.data_seed);
   int first = 0;  // 0-based step to start from
 
@@ -215,10 +209,10 @@ TrainResult run_training(const TrainConfig& config, const parallel::Communicator
       require(checkpoint.payload.size() == state_bytes, program, "checkpoint's payload bytes",
               checkpoint.payload.size(), std::to_string(state_bytes) + " (this model's parameters and optimizer state)");
     });
-    const unsigned char* p = checkpoint.payload.data();
-    for (const auto& [data, count] : state) {
-      copy_floats<Memory>(data, reinterpret_cast<const float*>(p), count, false);
-      p += count * sizeof(float);
+    unsigned char* p = checkpoint.payload.data();
+    for (const auto& part : state) {
+      Kokkos::deep_copy(part, PayloadFloats(reinterpret_cast<float*>(p), part.size()));
+      p += part.size() * sizeof(float);
     }
     const nlohmann::json& m = checkpoint.metadata;
     first = m["step"].get<int>();
@@ -238,9 +232,9 @@ TrainResult run_training(const TrainConfig& config, const parallel::Communicator
                              {"optimizer_steps", optimizer.steps()}, {"rng", rng.str()}};
       checkpoint.payload.resize(state_bytes);
       unsigned char* p = checkpoint.payload.data();
-      for (const auto& [data, count] : state) {
-        copy_floats<Memory>(reinterpret_cast<float*>(p), data, count, true);
-        p += count * sizeof(float);
+      for (const auto& part : state) {
+        Kokkos::deep_copy(PayloadFloats(reinterpret_cast<float*>(p), part.size()), part);
+        p += part.size() * sizeof(float);
       }
       write_checkpoint(config.checkpoint, checkpoint);
     });
