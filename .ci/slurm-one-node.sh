@@ -15,15 +15,25 @@ fi
 
 work=$(mktemp -d /tmp/longattn-slurm.XXXXXX)
 munge_pid= ; ctld_pid= ; slurmd_pid=
+# wait_for_exit PID: up to 5 s for the process to end (daemons write their state on the way out).
+wait_for_exit() {
+  for _ in $(seq 50); do kill -0 "$1" 2> /dev/null || return 0; sleep 0.1; done
+}
 stop() {
   [ -n "$ctld_pid" ] && scontrol shutdown > /dev/null 2>&1 || true
   for pid in $slurmd_pid $ctld_pid; do
-    for _ in $(seq 50); do kill -0 "$pid" 2> /dev/null || break; sleep 0.1; done
+    wait_for_exit "$pid"
     kill "$pid" 2> /dev/null || true
+    wait_for_exit "$pid"
   done
-  [ -n "$munge_pid" ] && kill "$munge_pid" 2> /dev/null || true
+  # munged writes its seed file into $work/munge as it exits: removing the folder before it has
+  # ended fails ("Directory not empty"), and that failure was the script's exit status.
+  if [ -n "$munge_pid" ]; then
+    kill "$munge_pid" 2> /dev/null || true
+    wait_for_exit "$munge_pid"
+  fi
   if [ "${ok:-0}" != 1 ]; then tail -n 20 "$work"/*.log 2> /dev/null || true; fi
-  rm -rf "$work"
+  rm -rf "$work" || echo "slurm-one-node.sh: could not remove $work (left in place)" >&2
 }
 trap stop EXIT
 
