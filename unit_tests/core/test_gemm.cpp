@@ -1,28 +1,33 @@
 // longattn::gemm against the naive double-precision reference: odd sizes, every transpose
-// combination, both layouts, float and double, on every enabled execution space.
+// combination, both layouts, float and double, on every enabled execution space; 16-bit storage
+// (bfloat16, float16) through gemm(ctx, ...) with C of the same type or float; column sums.
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <vector>
 
 #include "execution_spaces.hpp"
+#include "longattn/core/attention.hpp"  // detail::scalar_name
 #include "longattn/core/gemm.hpp"
 #include "reference/gemm.hpp"
 #include "reference/random.hpp"
 
 namespace {
 
+// Fills a matrix with uniform values in [-1, 1) and returns a host copy of them.
+template <class View>
+auto random_values(const View& view, std::mt19937_64& rng) {
+  const auto host = Kokkos::create_mirror(Kokkos::HostSpace(), view);
+  longattn::test::fill_uniform(host, rng);
+  Kokkos::deep_copy(view, host);
+  return host;
+}
+
 template <class Scalar, class Layout, class ExecSpace>
 void check_gemm(const char* trans_a, const char* trans_b, int m, int n, int k, std::mt19937_64& rng) {
   using View = Kokkos::View<Scalar**, Layout, typename ExecSpace::memory_space>;
   const bool ta = trans_a[0] != 'N', tb = trans_b[0] != 'N';
   View a("A", ta ? k : m, ta ? m : k), b("B", tb ? n : k, tb ? k : n), c("C", m, n);
-  auto ha = Kokkos::create_mirror_view(a), hb = Kokkos::create_mirror_view(b), hc = Kokkos::create_mirror_view(c);
-  longattn::test::fill_uniform(ha, rng);
-  longattn::test::fill_uniform(hb, rng);
-  longattn::test::fill_uniform(hc, rng);
-  Kokkos::deep_copy(a, ha);
-  Kokkos::deep_copy(b, hb);
-  Kokkos::deep_copy(c, hc);
+  const auto ha = random_values(a, rng), hb = random_values(b, rng), hc = random_values(c, rng);
   const double alpha = 0.75, beta = -0.5;
   const auto expected = longattn::test::reference_gemm(ta, tb, alpha, ha, hb, beta, hc);
 
@@ -40,7 +45,67 @@ void check_gemm(const char* trans_a, const char* trans_b, int m, int n, int k, s
   CHECK(worst <= tolerance);
 }
 
+// A and B of the 16-bit type T, C of CT (T or float), in a context with its own pool: the float
+// copies of the operands come from it and go back to it.
+template <class T, class CT, class ExecSpace>
+void check_gemm_16bit(const char* trans_a, const char* trans_b, int m, int n, int k, std::mt19937_64& rng) {
+  using Memory = typename ExecSpace::memory_space;
+  const bool ta = trans_a[0] != 'N', tb = trans_b[0] != 'N';
+  Kokkos::View<T**, Kokkos::LayoutRight, Memory> a("A", ta ? k : m, ta ? m : k), b("B", tb ? n : k, tb ? k : n);
+  Kokkos::View<CT**, Kokkos::LayoutRight, Memory> c("C", m, n);
+  const auto ha = random_values(a, rng), hb = random_values(b, rng);
+  const auto hc = random_values(c, rng);  // of another type than A's and B's when CT is float
+  const double alpha = 0.75, beta = -0.5;
+  const auto expected = longattn::test::reference_gemm(ta, tb, alpha, ha, hb, beta, hc);  // of the stored values
+  const longattn::memory::Pool<Memory> pool;
+  longattn::gemm(longattn::ExecutionContext<ExecSpace>(ExecSpace(), pool), trans_a, trans_b, float(alpha), a, b,
+                 float(beta), c);
+  Kokkos::deep_copy(hc, c);
+  CHECK(pool.stats().in_use_bytes == 0);
+  CHECK(pool.stats().allocations >= 2);  // the operands' float copies
+  // Float sums of exact products, then one rounding into C's type (unit roundoff u).
+  const double u = std::is_same_v<CT, float> ? 6e-8 : std::is_same_v<CT, longattn::bfloat16> ? 1.0 / 256 : 1.0 / 2048;
+  double worst = 0, largest = 0;
+  for (int i = 0; i < m; ++i)
+    for (int j = 0; j < n; ++j) {
+      worst = std::max(worst, std::abs(double(hc(i, j)) - expected[std::size_t(i * n + j)]));
+      largest = std::max(largest, std::abs(expected[std::size_t(i * n + j)]));
+    }
+  INFO(longattn::detail::scalar_name<T>() << " A, B; " << longattn::detail::scalar_name<CT>() << " C; trans " << trans_a
+                                          << trans_b << ", m n k = " << m << " " << n << " " << k);
+  CHECK(worst <= u * largest + 8 * 6e-8 * k);
+}
+
 }  // namespace
+
+TEMPLATE_LIST_TEST_CASE("gemm in 16-bit storage sums in float and rounds once", "[core][gemm][half]",
+                        longattn::test::ExecutionSpaces) {
+  std::mt19937_64 rng(longattn::test::test_seed());
+  for (const char* ta : {"N", "T"})
+    for (const char* tb : {"N", "T"}) {
+      check_gemm_16bit<longattn::bfloat16, longattn::bfloat16, TestType>(ta, tb, 37, 29, 53, rng);
+      check_gemm_16bit<longattn::bfloat16, float, TestType>(ta, tb, 17, 64, 9, rng);
+      check_gemm_16bit<longattn::float16, longattn::float16, TestType>(ta, tb, 31, 1, 45, rng);
+      check_gemm_16bit<longattn::float16, float, TestType>(ta, tb, 1, 23, 77, rng);
+    }
+  // Column sums of a 16-bit matrix into float sums.
+  using Memory = typename TestType::memory_space;
+  const int rows = 37, cols = 19;
+  Kokkos::View<longattn::bfloat16**, Kokkos::LayoutRight, Memory> a("A", rows, cols);
+  Kokkos::View<longattn::bfloat16*, Memory> ones("ones", rows);
+  Kokkos::View<float*, Memory> sums("sums", cols);
+  auto ha = Kokkos::create_mirror_view(a);
+  longattn::test::fill_uniform(ha, rng);
+  Kokkos::deep_copy(a, ha);
+  Kokkos::deep_copy(sums, 0.5f);
+  longattn::add_column_sums(TestType(), a, ones, sums);
+  const auto result = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), sums);
+  for (int c = 0; c < cols; ++c) {
+    double expected = 0.5;
+    for (int r = 0; r < rows; ++r) expected += double(float(ha(r, c)));
+    CHECK(result(c) == Approx(expected).epsilon(0).margin(40 * 6e-8));
+  }
+}
 
 TEMPLATE_LIST_TEST_CASE("gemm matches the double reference", "[core][gemm]", longattn::test::ExecutionSpaces) {
   std::mt19937_64 rng(longattn::test::test_seed());

@@ -178,6 +178,13 @@ TEMPLATE_LIST_TEST_CASE("MultiheadAttention forward matches the layer computed n
         };
         CHECK(worst_error(0.0) < 1e-12);
         CHECK(worst_error(0.0f) < 1e-4);
+        if (std::string(spec).find("top_k") == std::string::npos) {  // top-k scores float or double only
+          // 16-bit storage: x, Q, K, V, A, Z and y each rounded once (unit roundoff 2^-8 and 2^-11).
+          const double bf16 = worst_error(longattn::bfloat16(0.0)), fp16 = worst_error(longattn::float16(0.0));
+          INFO("largest |y - y_reference|: bfloat16 " << bf16 << ", float16 " << fp16);
+          CHECK(bf16 < 0.05);
+          CHECK(fp16 < 0.006);
+        }
       }
 }
 
@@ -256,6 +263,123 @@ TEMPLATE_LIST_TEST_CASE("MultiheadAttention accumulates parameter gradients unti
   CHECK(worst <= 1e-5 * largest);
   module.zero_gradients();
   for (double g : to_vector(module.gradients())) REQUIRE(g == 0);
+}
+
+// 16-bit storage (bfloat16, float16) with float sums, statistics and gradients: y, dx and every
+// parameter gradient against the double module given the same (rounded) parameters and inputs,
+// as normwise relative errors bounded by a few unit roundoffs of the storage type.
+TEMPLATE_LIST_TEST_CASE("MultiheadAttention in 16-bit storage follows the double module within its precision",
+                        "[core][module][half]", longattn::test::ExecutionSpaces) {
+  using Memory = typename TestType::memory_space;
+  std::mt19937_64 rng(longattn::test::test_seed());
+  const int B = 2, E = 16, H = 2;
+  const SpecCase cases[] = {{"dense", 45}, {"dilated:w=16,32;r=1,2", 45}, {"block_sparse:pattern=local_window;radius=64", 150}};
+  auto relative_error = [](const std::vector<double>& got, const std::vector<double>& want) {
+    double difference = 0, norm = 0;
+    for (std::size_t i = 0; i < want.size(); ++i) {
+      difference += (got[i] - want[i]) * (got[i] - want[i]);
+      norm += want[i] * want[i];
+    }
+    return std::sqrt(difference / norm);
+  };
+  auto check = [&](auto zero, double roundoff, const SpecCase& c, bool causal) {
+    using T = decltype(zero);
+    const int N = c.tokens;
+    INFO(c.spec << (causal ? " causal" : "") << ", " << longattn::detail::scalar_name<T>() << ", seed "
+                << longattn::test::test_seed());
+    const auto options = module_options(c.spec, causal, true);
+    longattn::MultiheadAttention<TestType, T> half(E, H, options);
+    longattn::MultiheadAttention<TestType, double> exact(E, H, options);
+    Kokkos::deep_copy(exact.parameters(), Kokkos::create_mirror_view_and_copy(Memory(), [&] {
+                        const std::vector<double> rounded = to_vector(half.parameters());
+                        Kokkos::View<double*, Kokkos::HostSpace> host("rounded", rounded.size());
+                        for (std::size_t i = 0; i < rounded.size(); ++i) host(i) = rounded[i];
+                        return host;
+                      }()));
+    // Inputs rounded to T once, so both modules see the same values.
+    auto rounded = [&](const Host3& values) {
+      Host3 r("rounded", values.extent(0), values.extent(1), values.extent(2));
+      for (std::size_t i = 0; i < values.span(); ++i) r.data()[i] = double(float(T(values.data()[i])));
+      return r;
+    };
+    const Host3 x = rounded(random_tokens(B, N, E, rng)), dy = rounded(random_tokens(B, N, E, rng));
+    Kokkos::View<T***, Kokkos::LayoutRight, Memory> y16("y", B, N, E), dx16("dx", B, N, E);
+    Kokkos::View<double***, Kokkos::LayoutRight, Memory> y64("y", B, N, E), dx64("dx", B, N, E);
+    const auto x16 = to_device3<T, Memory>(x);
+    const auto x64 = to_device3<double, Memory>(x);
+    half.forward(x16, y16);
+    half.backward(to_device3<T, Memory>(dy), dx16);
+    exact.forward(x64, y64);
+    exact.backward(to_device3<double, Memory>(dy), dx64);
+    const double y_error = relative_error(to_vector(y16), to_vector(y64));
+    const double dx_error = relative_error(to_vector(dx16), to_vector(dx64));
+    const double gradient_error = relative_error(to_vector(half.gradients()), to_vector(exact.gradients()));
+    INFO("relative errors: y " << y_error << ", dx " << dx_error << ", parameter gradients " << gradient_error
+                               << " (unit roundoff " << roundoff << ")");
+    CHECK(y_error < 2 * roundoff);  // measured: about one unit roundoff for each
+    CHECK(dx_error < 3 * roundoff);
+    CHECK(gradient_error < 3 * roundoff);
+    CHECK(y_error > 0);  // rounding happened: the 16-bit path ran
+  };
+  for (const SpecCase& c : cases)
+    for (bool causal : {false, true}) {
+      check(longattn::bfloat16(0.0), 1.0 / 256, c, causal);  // 8 significant bits
+      check(longattn::float16(0.0), 1.0 / 2048, c, causal);  // 11
+    }
+}
+
+// Selective recomputation (options.recompute_attention) keeps Q, K, V only and recomputes the
+// attention's outputs in backward: y, dx and the gradients are those of the module that keeps
+// them, bit for bit (the same kernels on the same inputs), and forward keeps less memory. Two
+// backward passes after one forward recompute twice; release_activations() needs a new forward.
+TEMPLATE_LIST_TEST_CASE("MultiheadAttention with recompute_attention equals the module that keeps its outputs",
+                        "[core][module][recompute]", longattn::test::ExecutionSpaces) {
+  using Memory = typename TestType::memory_space;
+  using Tokens = Kokkos::View<double***, Kokkos::LayoutRight, Memory>;
+  std::mt19937_64 rng(longattn::test::test_seed());
+  const int E = 16, H = 2;
+  const SpecCase cases[] = {{"dense", 37}, {"dilated:w=16,32;r=1,2", 37}, {"block_sparse:pattern=top_k;k=2", 150}};
+  for (const SpecCase& c : cases)
+    for (bool causal : {false, true}) {
+      const int B = 2, N = c.tokens;
+      INFO(c.spec << (causal ? " causal" : "") << ", seed " << longattn::test::test_seed());
+      const Tokens x = to_device3<double, Memory>(random_tokens(B, N, E, rng));
+      const Tokens dy = to_device3<double, Memory>(random_tokens(B, N, E, rng));
+      struct Run {
+        std::vector<double> y, dx, gradients;
+        std::size_t kept_bytes;  // pool bytes held between forward and backward
+      };
+      auto run = [&](bool recompute, int backward_passes) {
+        longattn::memory::PoolOptions labelled;
+        labelled.label = recompute ? "recompute" : "keep";
+        const longattn::memory::Pool<Memory> pool(labelled);
+        auto options = module_options(c.spec, causal, true);
+        options.recompute_attention = recompute;
+        longattn::MultiheadAttention<TestType, double> module(longattn::ExecutionContext<TestType>(TestType(), pool),
+                                                              E, H, options);
+        Tokens y("y", B, N, E), dx("dx", B, N, E);
+        const std::size_t before = pool.stats().in_use_bytes;
+        module.forward(x, y);
+        Run r{to_vector(y), {}, {}, pool.stats().in_use_bytes - before};
+        CHECK(r.kept_bytes >= module.activation_bytes(B, N));
+        for (int i = 0; i < backward_passes; ++i) module.backward(dy, dx);
+        r.dx = to_vector(dx);
+        r.gradients = to_vector(module.gradients());
+        module.release_activations();
+        CHECK(pool.stats().in_use_bytes == before);
+        CHECK_THROWS_WITH(module.backward(dy, dx), Catch::Contains("expected forward() before backward()"));
+        return r;
+      };
+      for (int passes : {1, 2}) {
+        INFO(passes << " backward passes");
+        const Run keep = run(false, passes), recompute = run(true, passes);
+        CHECK(recompute.y == keep.y);
+        CHECK(recompute.dx == keep.dx);
+        CHECK(recompute.gradients == keep.gradients);
+        const std::size_t outputs = std::size_t(B) * N * (2 * E + H + 2) * sizeof(double);  // A, LSE, Z, statistics
+        CHECK(keep.kept_bytes - recompute.kept_bytes >= outputs);
+      }
+    }
 }
 
 TEST_CASE("MultiheadAttention initializes as MAGNETO, reproducibly from its seed", "[core][module]") {

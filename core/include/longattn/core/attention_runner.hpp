@@ -33,7 +33,7 @@ class AttentionRunner {
   using Context = ExecutionContext<ExecSpace>;
   using memory_space = typename ExecSpace::memory_space;
   using Heads = Kokkos::View<T****, Kokkos::LayoutRight, memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
-  using Lse = Kokkos::View<T***, memory_space>;  // [B, H, N]
+  using Lse = Kokkos::View<accumulate_t<T>***, memory_space>;  // [B, H, N], float for 16-bit T
   using Inputs = AttentionInputs<Heads>;
   using Outputs = AttentionOutputs<Heads, Lse>;
   using Gradients = AttentionGradients<Heads>;

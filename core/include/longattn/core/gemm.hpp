@@ -6,6 +6,12 @@
 // Kokkos Kernels 4 runs it on that instance. Kokkos Kernels 3 has no instance argument and runs
 // on the space's default instance: there the call is fenced on both sides, so it is ordered
 // after the caller's earlier work on `exec` and before its later work (correct, not concurrent).
+//
+// 16-bit storage (bfloat16, float16) goes through gemm(ctx, ...): A and B of one 16-bit type, C
+// of that type or float. Products of 16-bit values are exact in float and the sums are taken in
+// float (mixed precision, as tensor cores do); here that is the float gemm on float copies of the
+// operands, taken from ctx.pool() while the call runs, the result rounded into a 16-bit C. The
+// copies cost memory traffic, not FLOPs. add_column_sums sums a 16-bit matrix in float.
 #include <KokkosBlas2_gemv.hpp>
 #include <KokkosBlas3_gemm.hpp>
 #include <Kokkos_Core.hpp>
@@ -13,6 +19,9 @@
 #include <string>
 #include <type_traits>
 
+#include "longattn/checks.hpp"
+#include "longattn/core/execution_context.hpp"
+#include "longattn/core/half.hpp"
 #include "longattn/error.hpp"
 
 namespace longattn {
@@ -72,10 +81,65 @@ void gemm(const ExecSpace& exec, const char* trans_a, const char* trans_b, typen
   detail::on_instance(exec, [&](const auto&... space) { KokkosBlas::gemm(space..., trans_a, trans_b, alpha, a, b, beta, c); });
 }
 
+namespace detail {
+template <class ExecSpace>
+using FloatMatrix = Kokkos::View<float**, Kokkos::LayoutRight, typename ExecSpace::memory_space>;
+
+// A float copy of a rank-2 view, from the context's pool.
+template <class ExecSpace, class View>
+memory::PooledView<FloatMatrix<ExecSpace>> widened(const ExecutionContext<ExecSpace>& ctx, const View& view,
+                                                   bool copy) {
+  using Float = FloatMatrix<ExecSpace>;
+  auto wide = ctx.template allocate<Float>(view.extent(0), view.extent(1));
+  const Float out = wide.view();
+  if (copy)
+    Kokkos::parallel_for(
+        "longattn::gemm::widen",
+        Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>, Kokkos::IndexType<std::int64_t>>(
+            ctx.exec(), {0, 0}, {std::int64_t(view.extent(0)), std::int64_t(view.extent(1))}),
+        KOKKOS_LAMBDA(std::int64_t i, std::int64_t j) { out(i, j) = float(view(i, j)); });
+  return wide;
+}
+}  // namespace detail
+
+// C = alpha op(A) op(B) + beta C in `ctx`: gemm(ctx.exec(), ...) for float and double; for 16-bit
+// A and B (C of their type or float) on float copies from ctx.pool(), see above.
+template <class ExecSpace, class AView, class BView, class CView>
+void gemm(const ExecutionContext<ExecSpace>& ctx, const char* trans_a, const char* trans_b,
+          accumulate_t<scalar_of<CView>> alpha, const AView& a, const BView& b, accumulate_t<scalar_of<CView>> beta,
+          const CView& c) {
+  using TA = scalar_of<AView>;
+  using TC = scalar_of<CView>;
+  static_assert(std::is_same_v<TA, scalar_of<BView>>, "longattn::gemm: A and B hold one type");
+  if constexpr (!is_half_v<TA>) {
+    static_assert(std::is_same_v<TA, TC>, "longattn::gemm: float or double A, B and C hold one type");
+    gemm(ctx.exec(), trans_a, trans_b, alpha, a, b, beta, c);
+  } else {
+    static_assert(std::is_same_v<TC, TA> || std::is_same_v<TC, float>,
+                  "longattn::gemm: C of 16-bit A and B holds their type or float");
+    const auto a32 = detail::widened(ctx, a, true);
+    const auto b32 = detail::widened(ctx, b, true);
+    if constexpr (std::is_same_v<TC, float>) {
+      gemm(ctx.exec(), trans_a, trans_b, alpha, a32.view(), b32.view(), beta, c);
+    } else {
+      static_assert(CView::rank == 2, "longattn::gemm takes rank-2 views");
+      const auto c32 = detail::widened(ctx, c, beta != 0.0f);
+      gemm(ctx.exec(), trans_a, trans_b, alpha, a32.view(), b32.view(), beta, c32.view());
+      const auto wide = c32.view();
+      Kokkos::parallel_for(
+          "longattn::gemm::narrow",
+          Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>, Kokkos::IndexType<std::int64_t>>(
+              ctx.exec(), {0, 0}, {std::int64_t(c.extent(0)), std::int64_t(c.extent(1))}),
+          KOKKOS_LAMBDA(std::int64_t i, std::int64_t j) { c(i, j) = TC(wide(i, j)); });
+    }
+  }
+}
+
 // sums[c] += sum_r a(r, c), for a contiguous LayoutRight [rows, cols] matrix (a bias gradient):
 // one gemv on the same memory read as the LayoutLeft [cols, rows] matrix a^T, which reaches the
 // BLAS (Kokkos Kernels' own transposed gemv over LayoutRight took 6% of a training step).
-// `ones` holds at least `rows` ones. Runs on `exec` as gemm does.
+// `ones` holds at least `rows` ones. Runs on `exec` as gemm does. A 16-bit `a` (sums: float) is
+// summed by a kernel instead, one thread per column in row order (`ones` is not read).
 template <class ExecSpace, class AView, class OnesView, class SumsView>
 void add_column_sums(const ExecSpace& exec, const AView& a, const OnesView& ones, const SumsView& sums) {
   static_assert(AView::rank == 2 && OnesView::rank == 1 && SumsView::rank == 1,
@@ -88,12 +152,23 @@ void add_column_sums(const ExecSpace& exec, const AView& a, const OnesView& ones
   require(sums.extent(0) == a.extent(1), where, "sums.extent(0)", sums.extent(0),
           "the columns of a, " + std::to_string(a.extent(1)));
   using T = typename AView::non_const_value_type;
-  using Memory = typename AView::memory_space;
-  using Unmanaged = Kokkos::MemoryTraits<Kokkos::Unmanaged>;
-  const Kokkos::View<const T**, Kokkos::LayoutLeft, Memory, Unmanaged> transposed(a.data(), a.extent(1), a.extent(0));
-  const Kokkos::View<const T*, Kokkos::LayoutLeft, Memory, Unmanaged> x(ones.data(), a.extent(0));
-  const Kokkos::View<T*, Kokkos::LayoutLeft, Memory, Unmanaged> y(sums.data(), sums.extent(0));
-  detail::on_instance(exec, [&](const auto&... space) { KokkosBlas::gemv(space..., "N", T(1), transposed, x, T(1), y); });
+  static_assert(std::is_same_v<scalar_of<SumsView>, accumulate_t<T>>, "add_column_sums: sums of accumulate_t of a's type");
+  if constexpr (is_half_v<T>) {
+    const std::int64_t rows = a.extent(0);
+    Kokkos::parallel_for(
+        "longattn::add_column_sums", Kokkos::RangePolicy<ExecSpace>(exec, 0, int(a.extent(1))), KOKKOS_LAMBDA(int c) {
+          float sum = 0;
+          for (std::int64_t r = 0; r < rows; ++r) sum += float(a(r, c));
+          sums(c) += sum;
+        });
+  } else {
+    using Memory = typename AView::memory_space;
+    using Unmanaged = Kokkos::MemoryTraits<Kokkos::Unmanaged>;
+    const Kokkos::View<const T**, Kokkos::LayoutLeft, Memory, Unmanaged> transposed(a.data(), a.extent(1), a.extent(0));
+    const Kokkos::View<const T*, Kokkos::LayoutLeft, Memory, Unmanaged> x(ones.data(), a.extent(0));
+    const Kokkos::View<T*, Kokkos::LayoutLeft, Memory, Unmanaged> y(sums.data(), sums.extent(0));
+    detail::on_instance(exec, [&](const auto&... space) { KokkosBlas::gemv(space..., "N", T(1), transposed, x, T(1), y); });
+  }
 }
 
 }  // namespace longattn

@@ -1,8 +1,11 @@
 // LayerNorm over the last dimension of a [rows, E] matrix, forward and backward:
 //   y = (x - mean) * rstd * gamma + beta,   rstd = 1 / sqrt(var + eps)   (biased variance)
 // Forward saves mean and rstd per row; backward recomputes x_hat from them and adds the
-// parameters' gradients into dgamma and dbeta. Shapes are checked (longattn::Error). One thread per row (per column for the
-// parameter gradients): rows are long enough (E values) to keep every thread busy on its own.
+// parameters' gradients into dgamma and dbeta. x, y, dy, dx, gamma and beta hold one storage type
+// T (float, double, bfloat16 or float16); the statistics, dgamma and dbeta hold accumulate_t<T>,
+// in which every sum is taken (float for the 16-bit types: mixed precision). Shapes are checked
+// (longattn::Error). One thread per row (per column for the parameter gradients): rows are long
+// enough (E values) to keep every thread busy on its own.
 #pragma once
 
 #include <Kokkos_Core.hpp>
@@ -38,6 +41,7 @@ void check_layer_norm(const char* where, const X& x, const Gamma& gamma, const S
 // AttentionKernels.
 template <class ExecSpace, class T, class Layout>
 struct LayerNormKernels {
+  using A = accumulate_t<T>;
   using Memory = typename ExecSpace::memory_space;
   using Unmanaged = Kokkos::MemoryTraits<Kokkos::Unmanaged>;
   template <class Value>
@@ -46,11 +50,11 @@ struct LayerNormKernels {
   using Vector = Kokkos::View<Value*, Kokkos::LayoutStride, Memory, Unmanaged>;
 
   static void forward(const ExecSpace& exec, const Matrix<const T>& x, const Vector<const T>& gamma,
-                      const Vector<const T>& beta, T epsilon, const Matrix<T>& y, const Vector<T>& mean,
-                      const Vector<T>& rstd);
+                      const Vector<const T>& beta, A epsilon, const Matrix<T>& y, const Vector<A>& mean,
+                      const Vector<A>& rstd);
   static void backward(const ExecSpace& exec, const Matrix<const T>& dy, const Matrix<const T>& x,
-                       const Vector<const T>& gamma, const Vector<const T>& mean, const Vector<const T>& rstd,
-                       const Matrix<T>& dx, const Vector<T>& dgamma, const Vector<T>& dbeta);
+                       const Vector<const T>& gamma, const Vector<const A>& mean, const Vector<const A>& rstd,
+                       const Matrix<T>& dx, const Vector<A>& dgamma, const Vector<A>& dbeta);
 
   // A [rows, E] view of any layout as this class's matrix (its strides kept).
   template <class Value, class View>
@@ -70,19 +74,19 @@ struct LayerNormKernels {
 template <class ExecSpace, class T, class Layout>
 void LayerNormKernels<ExecSpace, T, Layout>::forward(const ExecSpace& exec, const Matrix<const T>& x,
                                                      const Vector<const T>& gamma, const Vector<const T>& beta,
-                                                     T epsilon, const Matrix<T>& y, const Vector<T>& mean,
-                                                     const Vector<T>& rstd) {
+                                                     A epsilon, const Matrix<T>& y, const Vector<A>& mean,
+                                                     const Vector<A>& rstd) {
   const int E = static_cast<int>(x.extent(1));
   Kokkos::parallel_for(
       "longattn::layer_norm_forward", Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(exec, 0, x.extent(0)),
       KOKKOS_LAMBDA(std::int64_t r) {
-        T sum = 0;
-        for (int e = 0; e < E; ++e) sum += x(r, e);
-        const T mu = sum / T(E);
-        T squares = 0;
-        for (int e = 0; e < E; ++e) squares += (x(r, e) - mu) * (x(r, e) - mu);
-        const T inverse = T(1) / math::sqrt(squares / T(E) + epsilon);
-        for (int e = 0; e < E; ++e) y(r, e) = (x(r, e) - mu) * inverse * gamma(e) + beta(e);
+        A sum = 0;
+        for (int e = 0; e < E; ++e) sum += A(x(r, e));
+        const A mu = sum / A(E);
+        A squares = 0;
+        for (int e = 0; e < E; ++e) squares += (A(x(r, e)) - mu) * (A(x(r, e)) - mu);
+        const A inverse = A(1) / math::sqrt(squares / A(E) + epsilon);
+        for (int e = 0; e < E; ++e) y(r, e) = T((A(x(r, e)) - mu) * inverse * A(gamma(e)) + A(beta(e)));
         mean(r) = mu;
         rstd(r) = inverse;
       });
@@ -93,32 +97,32 @@ void LayerNormKernels<ExecSpace, T, Layout>::forward(const ExecSpace& exec, cons
 template <class ExecSpace, class T, class Layout>
 void LayerNormKernels<ExecSpace, T, Layout>::backward(const ExecSpace& exec, const Matrix<const T>& dy,
                                                       const Matrix<const T>& x, const Vector<const T>& gamma,
-                                                      const Vector<const T>& mean, const Vector<const T>& rstd,
-                                                      const Matrix<T>& dx, const Vector<T>& dgamma,
-                                                      const Vector<T>& dbeta) {
+                                                      const Vector<const A>& mean, const Vector<const A>& rstd,
+                                                      const Matrix<T>& dx, const Vector<A>& dgamma,
+                                                      const Vector<A>& dbeta) {
   const std::int64_t rows = x.extent(0);
   const int E = static_cast<int>(x.extent(1));
   Kokkos::parallel_for(
       "longattn::layer_norm_backward", Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(exec, 0, rows),
       KOKKOS_LAMBDA(std::int64_t r) {
-        const T mu = mean(r), inverse = rstd(r);
-        T g_mean = 0, g_x_hat_mean = 0;
+        const A mu = mean(r), inverse = rstd(r);
+        A g_mean = 0, g_x_hat_mean = 0;
         for (int e = 0; e < E; ++e) {
-          const T g = dy(r, e) * gamma(e);
+          const A g = A(dy(r, e)) * A(gamma(e));
           g_mean += g;
-          g_x_hat_mean += g * (x(r, e) - mu) * inverse;
+          g_x_hat_mean += g * (A(x(r, e)) - mu) * inverse;
         }
-        g_mean /= T(E);
-        g_x_hat_mean /= T(E);
+        g_mean /= A(E);
+        g_x_hat_mean /= A(E);
         for (int e = 0; e < E; ++e)
-          dx(r, e) = inverse * (dy(r, e) * gamma(e) - g_mean - (x(r, e) - mu) * inverse * g_x_hat_mean);
+          dx(r, e) = T(inverse * (A(dy(r, e)) * A(gamma(e)) - g_mean - (A(x(r, e)) - mu) * inverse * g_x_hat_mean));
       });
   Kokkos::parallel_for(
       "longattn::layer_norm_backward::parameters", Kokkos::RangePolicy<ExecSpace>(exec, 0, E), KOKKOS_LAMBDA(int e) {
-        T sum_gamma = 0, sum_beta = 0;
+        A sum_gamma = 0, sum_beta = 0;
         for (std::int64_t r = 0; r < rows; ++r) {
-          sum_gamma += dy(r, e) * (x(r, e) - mean(r)) * rstd(r);
-          sum_beta += dy(r, e);
+          sum_gamma += A(dy(r, e)) * (A(x(r, e)) - mean(r)) * rstd(r);
+          sum_beta += A(dy(r, e));
         }
         dgamma(e) += sum_gamma;
         dbeta(e) += sum_beta;
@@ -129,7 +133,7 @@ void LayerNormKernels<ExecSpace, T, Layout>::backward(const ExecSpace& exec, con
 #define LONGATTN_LAYER_NORM_ETI(SPACE, T)                                     \
   extern template struct LayerNormKernels<SPACE, T, Kokkos::LayoutRight>; \
   extern template struct LayerNormKernels<SPACE, T, Kokkos::LayoutStride>;
-LONGATTN_ETI_FOR_EACH(LONGATTN_ETI_FLOATING_TYPES, LONGATTN_LAYER_NORM_ETI)
+LONGATTN_ETI_FOR_EACH(LONGATTN_ETI_STORAGE_TYPES, LONGATTN_LAYER_NORM_ETI)
 #undef LONGATTN_LAYER_NORM_ETI
 
 // Whether every matrix is row-major with contiguous rows (then the LayoutRight kernels run).
@@ -146,19 +150,20 @@ void layer_norm_forward(const ExecSpace& exec, const X& x, const Gamma& gamma, c
                         const Y& y, const Stats& mean, const Stats& rstd) {
   static_assert(std::is_same_v<longattn::scalar_of<X>, longattn::scalar_of<Y>> &&
                     std::is_same_v<longattn::scalar_of<X>, longattn::scalar_of<Gamma>> &&
-                    std::is_same_v<longattn::scalar_of<X>, longattn::scalar_of<Stats>>,
-                "layer_norm_forward: x, gamma, beta, y, mean and rstd hold one scalar type");
+                    std::is_same_v<accumulate_t<longattn::scalar_of<X>>, longattn::scalar_of<Stats>>,
+                "layer_norm_forward: x, gamma, beta and y hold one storage type T, mean and rstd accumulate_t<T>");
   const char* where = "longattn::layer_norm_forward";
   detail::check_layer_norm(where, x, gamma, mean, rstd);
   longattn::check_extents(where, "beta", beta, {std::int64_t(x.extent(1))}, "[E] of x");
   longattn::check_extents(where, "y", y, {std::int64_t(x.extent(0)), std::int64_t(x.extent(1))}, "the extents of x");
   require(eps > 0 && std::isfinite(eps), where, "eps", eps, "a positive finite number");
   using T = longattn::scalar_of<Y>;
+  using A = accumulate_t<T>;
   const auto run = [&](auto kernels) {
     using K = decltype(kernels);
     K::forward(exec, K::template matrix<const T>(x), K::template vector<const T>(gamma),
-               K::template vector<const T>(beta), static_cast<T>(eps), K::template matrix<T>(y),
-               K::template vector<T>(mean), K::template vector<T>(rstd));
+               K::template vector<const T>(beta), static_cast<A>(eps), K::template matrix<T>(y),
+               K::template vector<A>(mean), K::template vector<A>(rstd));
   };
   if (detail::row_major(x, y)) run(detail::LayerNormKernels<ExecSpace, T, Kokkos::LayoutRight>{});
   else run(detail::LayerNormKernels<ExecSpace, T, Kokkos::LayoutStride>{});
@@ -169,10 +174,11 @@ void layer_norm_backward(const ExecSpace& exec, const DY& dy, const X& x, const 
                          const Stats& rstd, const DX& dx, const DGamma& dgamma, const DGamma& dbeta) {
   static_assert(std::is_same_v<longattn::scalar_of<X>, longattn::scalar_of<DY>> &&
                     std::is_same_v<longattn::scalar_of<X>, longattn::scalar_of<Gamma>> &&
-                    std::is_same_v<longattn::scalar_of<X>, longattn::scalar_of<Stats>> &&
                     std::is_same_v<longattn::scalar_of<X>, longattn::scalar_of<DX>> &&
-                    std::is_same_v<longattn::scalar_of<X>, longattn::scalar_of<DGamma>>,
-                "layer_norm_backward: every view holds one scalar type");
+                    std::is_same_v<accumulate_t<longattn::scalar_of<X>>, longattn::scalar_of<Stats>> &&
+                    std::is_same_v<accumulate_t<longattn::scalar_of<X>>, longattn::scalar_of<DGamma>>,
+                "layer_norm_backward: dy, x, gamma and dx hold one storage type T, mean, rstd, dgamma and dbeta "
+                "accumulate_t<T>");
   const char* where = "longattn::layer_norm_backward";
   detail::check_layer_norm(where, x, gamma, mean, rstd);
   const std::int64_t rows = x.extent(0), columns = x.extent(1);
@@ -183,12 +189,13 @@ void layer_norm_backward(const ExecSpace& exec, const DY& dy, const X& x, const 
   // dy is read again after dx is written (the parameter gradients).
   longattn::check_no_alias(where, "dx", dx, "dy", dy);
   using T = longattn::scalar_of<DX>;
+  using A = accumulate_t<T>;
   const auto run = [&](auto kernels) {
     using K = decltype(kernels);
     K::backward(exec, K::template matrix<const T>(dy), K::template matrix<const T>(x),
-                K::template vector<const T>(gamma), K::template vector<const T>(mean),
-                K::template vector<const T>(rstd), K::template matrix<T>(dx), K::template vector<T>(dgamma),
-                K::template vector<T>(dbeta));
+                K::template vector<const T>(gamma), K::template vector<const A>(mean),
+                K::template vector<const A>(rstd), K::template matrix<T>(dx), K::template vector<A>(dgamma),
+                K::template vector<A>(dbeta));
   };
   if (detail::row_major(dy, x, dx)) run(detail::LayerNormKernels<ExecSpace, T, Kokkos::LayoutRight>{});
   else run(detail::LayerNormKernels<ExecSpace, T, Kokkos::LayoutStride>{});

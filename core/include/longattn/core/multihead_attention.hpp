@@ -13,7 +13,11 @@
 //
 // forward() keeps the activations backward() needs (Q, K, V, A, LSE, Z and the LayerNorm
 // statistics: activation_bytes()), and a handle to x: x must be unchanged until backward().
-// backward() writes dx and adds the parameters' gradients into gradients() (zero_gradients()
+// With options.recompute_attention it keeps only Q, K and V, and backward() runs the attention
+// and the sub-LayerNorm forward again (selective recomputation: the same values, so the same
+// gradients). release_activations() drops everything kept (full recomputation by the caller:
+// forward() again before backward()). backward() takes its own buffers from the pool for its
+// duration, writes dx and adds the parameters' gradients into gradients() (zero_gradients()
 // clears them), so micro-batches accumulate. Projections are Kokkos Kernels gemm calls. The
 // module runs in the ExecutionContext it is made with (execution_context.hpp): every kernel and
 // gemm on its instance, parameters, activations and workspaces from its pool (without one: the
@@ -49,6 +53,7 @@ struct MultiheadAttentionOptions {
   double layer_norm_eps = 1e-5;
   double gamma_init = 1.0;          // MAGNETO's gain for W_v and W_out (depends on the model's depth)
   std::uint64_t seed = 0;           // weight initialization
+  bool recompute_attention = false; // keep Q, K, V only; backward() recomputes A, LSE and Z
 };
 
 // out[r][e] = bias[e] for every row of a [rows, E] matrix (the bias of a linear layer, before its
@@ -66,27 +71,34 @@ void broadcast_rows(const ExecSpace& exec, const Bias& bias, const Out& out) {
 
 template <class ExecSpace, class T = float>
 class MultiheadAttention {
-  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
-                "MultiheadAttention<ExecSpace, T>: T is float or double (its projections and LayerNorm run in T)");
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double> || is_half_v<T>,
+                "MultiheadAttention<ExecSpace, T>: T is float, double, bfloat16 or float16");
 
  public:
   using execution_space = ExecSpace;
   using memory_space = typename ExecSpace::memory_space;
   using Context = ExecutionContext<ExecSpace>;
+  using Accumulate = accumulate_t<T>;  // sums, statistics, LSE and gradients: float for 16-bit T
   using Tokens = Kokkos::View<T***, Kokkos::LayoutRight, memory_space>;  // [B, N, E]
   using ConstTokens = Kokkos::View<const T***, Kokkos::LayoutRight, memory_space>;
   using Flat = Kokkos::View<T*, memory_space>;
-  using Vector = Kokkos::View<T*, memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
-  using Matrix = Kokkos::View<T**, Kokkos::LayoutRight, memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+  using GradientFlat = Kokkos::View<Accumulate*, memory_space>;
 
-  // Named views into parameters() or gradients().
-  struct Tensors {
+  // Named views into parameters() (of T) or gradients() (of Accumulate).
+  template <class Value>
+  struct TensorsOf {
+    using Vector = Kokkos::View<Value*, memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+    using Matrix = Kokkos::View<Value**, Kokkos::LayoutRight, memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
     Matrix w_qkv;  // [3E, E]
     Vector b_qkv;  // [3E]
     Matrix w_out;  // [E, E]
     Vector b_out;  // [E]
     Vector ln_gamma, ln_beta;  // [E], or empty without the sub-LayerNorm
   };
+  using Tensors = TensorsOf<T>;
+  using GradientTensors = TensorsOf<Accumulate>;
+  using Vector = typename Tensors::Vector;
+  using Matrix = typename Tensors::Matrix;
 
   MultiheadAttention(const Context& context, int embed_dim, int heads, const MultiheadAttentionOptions& options = {})
       : context_(context), embed_dim_(embed_dim), heads_(heads), options_(options),
@@ -104,9 +116,9 @@ class MultiheadAttention {
     if (options.attention.kind == AttentionSpec::Kind::dilated)
       validate_dilated_config(options.attention.dilated, heads, where);
     parameters_ = context_.template allocate<Flat>(parameter_count());
-    gradients_ = context_.template allocate<Flat>(parameter_count());
-    weights_ = carve(parameters_);
-    weight_gradients_ = carve(gradients_);
+    gradients_ = context_.template allocate<GradientFlat>(parameter_count());
+    weights_ = carve(parameters_.view());
+    weight_gradients_ = carve(gradients_.view());
     initialize_parameters();
     zero_gradients();
   }
@@ -146,21 +158,35 @@ class MultiheadAttention {
   }
   // Views of the module's memory (from the context's pool): valid while the module lives.
   Flat parameters() const { return parameters_; }
-  Flat gradients() const { return gradients_; }
+  GradientFlat gradients() const { return gradients_; }
   const Tensors& weights() const { return weights_; }
-  const Tensors& weight_gradients() const { return weight_gradients_; }
+  const GradientTensors& weight_gradients() const { return weight_gradients_; }
 
-  void zero_gradients() { Kokkos::deep_copy(context_.exec(), gradients_.view(), T(0)); }
+  void zero_gradients() { Kokkos::deep_copy(context_.exec(), gradients_.view(), Accumulate(0)); }
 
-  // Bytes forward() keeps for backward() plus backward()'s own buffers, for B sequences of N tokens.
+  // Bytes forward() keeps for backward(), for B sequences of N tokens: Q, K, V and a column of
+  // ones, and unless options.recompute_attention the attention's outputs (A, LSE, Z, statistics).
   std::size_t activation_bytes(int batch, std::int64_t tokens) const {
-    const char* where = "longattn::MultiheadAttention::activation_bytes";
-    require(batch >= 0, where, "batch", batch, "a count >= 0");
-    require(tokens >= 0, where, "tokens", tokens, "a count >= 0");
-    const std::size_t rows = std::size_t(batch) * tokens, E = embed_dim_;
-    const std::size_t layer_norm = options_.sub_layer_norm ? 2 * rows * E + 2 * rows : 0;
-    return sizeof(T) * (3 * rows * E + rows * E + rows * heads_ + layer_norm  // forward
-                        + rows * E + 3 * rows * E + rows);                    // backward
+    const std::size_t rows = checked_rows("longattn::MultiheadAttention::activation_bytes", batch, tokens);
+    return sizeof(T) * (3 * rows * embed_dim_ + rows) + (options_.recompute_attention ? 0 : output_bytes(rows));
+  }
+  // Bytes backward() takes from the pool while it runs (and gives back): the gradients of the
+  // projections' inputs and outputs, and under options.recompute_attention the recomputed outputs.
+  std::size_t backward_workspace_bytes(int batch, std::int64_t tokens) const {
+    const std::size_t rows = checked_rows("longattn::MultiheadAttention::backward_workspace_bytes", batch, tokens);
+    const std::size_t E = embed_dim_;
+    return sizeof(T) * (rows * E + 3 * rows * E + (options_.sub_layer_norm ? rows * E : 0)) +
+           (options_.recompute_attention ? output_bytes(rows) : 0);
+  }
+
+  // Gives every activation back to the pool; backward() then needs a forward() first.
+  void release_activations() {
+    release_outputs();
+    x_ = {};
+    qkv_ = {};
+    ones_ = {};
+    batch_ = 0;
+    tokens_ = 0;
   }
 
   void forward(const ConstTokens& x, const Tokens& y) {
@@ -175,14 +201,12 @@ class MultiheadAttention {
     // Q, K, V = x W_i^T + b_i: the bias broadcast into the output, then gemm with beta = 1.
     for (int i = 0; i < 3; ++i) {
       broadcast_rows(exec, slice(weights_.b_qkv, i), matrix(qkv_, i));
-      gemm(exec, "N", "T", T(1), x_rows, rows_block(weights_.w_qkv, i), T(1), matrix(qkv_, i));
+      gemm(context_, "N", "T", one, x_rows, rows_block(weights_.w_qkv, i), one, matrix(qkv_, i));
     }
-    runner_->forward(context_, attention_inputs(), {heads_view(attention_out_), lse_.view()});
-    if (options_.sub_layer_norm)
-      layer_norm_forward(exec, matrix(attention_out_), weights_.ln_gamma, weights_.ln_beta, options_.layer_norm_eps,
-                         matrix(normalized_), mean_.view(), rstd_.view());
+    attend(exec);
     broadcast_rows(exec, weights_.b_out, rows_of(y));
-    gemm(exec, "N", "T", T(1), projection_input(), weights_.w_out, T(1), rows_of(y));
+    gemm(context_, "N", "T", one, projection_input(), weights_.w_out, one, rows_of(y));
+    if (options_.recompute_attention) release_outputs();
   }
 
   void backward(const ConstTokens& dy, const Tokens& dx) {
@@ -193,31 +217,41 @@ class MultiheadAttention {
     check_no_alias(where, "dx", dx, "dy", dy);
     check_no_alias(where, "dx", dx, "x (of the forward pass)", x_);
     const ExecSpace& exec = context_.exec();
+    if (attention_out_.size() == 0) attend(exec);  // recompute_attention: A, LSE and Z again
+    const std::size_t rows = x_.extent(0) * x_.extent(1), E = embed_dim_;
+    const auto d_projection = context_.template allocate<Activations>(rows, E);
+    const auto d_attention = options_.sub_layer_norm ? context_.template allocate<Activations>(rows, E)
+                                                     : memory::PooledView<Activations>();
+    const auto d_qkv = context_.template allocate<Projections>(3, rows, E);
     const auto dy_rows = rows_of(dy);
     const auto x_rows = rows_of(x_);
-    const Tensors& grad = weight_gradients_;
+    const GradientTensors& grad = weight_gradients_;
     // Output projection: db_out += colsum(dy), dW_out += dy^T Z, dZ = dy W_out.
     add_column_sums(exec, dy_rows, ones_.view(), grad.b_out);
-    gemm(exec, "T", "N", T(1), dy_rows, projection_input(), T(1), grad.w_out);
-    gemm(exec, "N", "N", T(1), dy_rows, weights_.w_out, T(0), matrix(d_projection_));
+    gemm(context_, "T", "N", one, dy_rows, projection_input(), one, grad.w_out);
+    gemm(context_, "N", "N", one, dy_rows, weights_.w_out, zero, matrix(d_projection));
     if (options_.sub_layer_norm)
-      layer_norm_backward(exec, matrix(d_projection_), matrix(attention_out_), weights_.ln_gamma, mean_.view(),
-                          rstd_.view(), matrix(d_attention_), grad.ln_gamma, grad.ln_beta);
-    const auto& d_attention = options_.sub_layer_norm ? d_attention_ : d_projection_;
-    runner_->backward(context_, attention_inputs(), {heads_view(attention_out_), lse_.view()}, heads_view(d_attention),
-                      {heads_view(d_qkv_, 0), heads_view(d_qkv_, 1), heads_view(d_qkv_, 2)});
+      layer_norm_backward(exec, matrix(d_projection), matrix(attention_out_), weights_.ln_gamma, mean_.view(),
+                          rstd_.view(), matrix(d_attention), grad.ln_gamma, grad.ln_beta);
+    const auto& d_output = options_.sub_layer_norm ? d_attention : d_projection;
+    runner_->backward(context_, attention_inputs(), {heads_view(attention_out_), lse_.view()}, heads_view(d_output),
+                      {heads_view(d_qkv, 0), heads_view(d_qkv, 1), heads_view(d_qkv, 2)});
     // Projections: db_i += colsum(dQ_i), dW_i += dQ_i^T x, dx = sum_i dQ_i W_i.
     for (int i = 0; i < 3; ++i) {
-      add_column_sums(exec, matrix(d_qkv_, i), ones_.view(), slice(grad.b_qkv, i));
-      gemm(exec, "T", "N", T(1), matrix(d_qkv_, i), x_rows, T(1), rows_block(grad.w_qkv, i));
-      gemm(exec, "N", "N", T(1), matrix(d_qkv_, i), rows_block(weights_.w_qkv, i), T(i == 0 ? 0 : 1), rows_of(dx));
+      add_column_sums(exec, matrix(d_qkv, i), ones_.view(), slice(grad.b_qkv, i));
+      gemm(context_, "T", "N", one, matrix(d_qkv, i), x_rows, one, rows_block(grad.w_qkv, i));
+      gemm(context_, "N", "N", one, matrix(d_qkv, i), rows_block(weights_.w_qkv, i), i == 0 ? zero : one, rows_of(dx));
     }
-  }
+    if (options_.recompute_attention) release_outputs();
+  }  // the workspace goes back to the pool, reused in stream order by later work on the instance
 
  private:
   using Activations = Kokkos::View<T**, Kokkos::LayoutRight, memory_space>;        // [rows, E]
   using Projections = Kokkos::View<T***, Kokkos::LayoutRight, memory_space>;       // [3, rows, E]
   using RowValues = Kokkos::View<T*, memory_space>;                                // [rows]
+  using RowStats = Kokkos::View<Accumulate*, memory_space>;                        // [rows]
+  using Lse = Kokkos::View<Accumulate***, memory_space>;                           // [B, H, N]
+  static constexpr Accumulate one = 1, zero = 0;
   using Heads = Kokkos::View<T****, Kokkos::LayoutRight, memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
 
   template <class View>
@@ -228,9 +262,13 @@ class MultiheadAttention {
     check_extents(where, name, view, expected, "[batch, tokens, embed_dim]");
   }
 
-  Tensors carve(const Flat& flat) const {
+  template <class View>
+  TensorsOf<typename View::value_type> carve(const View& flat) const {
+    using Tensors = TensorsOf<typename View::value_type>;
+    using Matrix = typename Tensors::Matrix;
+    using Vector = typename Tensors::Vector;
     const std::size_t E = embed_dim_;
-    T* p = flat.data();
+    auto* p = flat.data();
     Tensors t;
     t.w_qkv = Matrix(p, 3 * E, E), p += 3 * E * E;
     t.b_qkv = Vector(p, 3 * E), p += 3 * E;
@@ -251,45 +289,66 @@ class MultiheadAttention {
     std::normal_distribution<double> normal(0.0, 1.0 / std::sqrt(double(E)));
     T* p = host.data();
     for (std::size_t i = 0; i < 3 * E * E; ++i) *p++ = T(normal(rng) * (i < 2 * E * E ? 1.0 : options_.gamma_init));
-    for (std::size_t i = 0; i < 3 * E; ++i) *p++ = T(0);
+    for (std::size_t i = 0; i < 3 * E; ++i) *p++ = T(0.0);
     for (std::size_t i = 0; i < E * E; ++i) *p++ = T(normal(rng) * options_.gamma_init);
-    for (std::size_t i = 0; i < E; ++i) *p++ = T(0);
+    for (std::size_t i = 0; i < E; ++i) *p++ = T(0.0);
     if (options_.sub_layer_norm) {
-      for (std::size_t i = 0; i < E; ++i) *p++ = T(1);
-      for (std::size_t i = 0; i < E; ++i) *p++ = T(0);
+      for (std::size_t i = 0; i < E; ++i) *p++ = T(1.0);
+      for (std::size_t i = 0; i < E; ++i) *p++ = T(0.0);
     }
     Kokkos::deep_copy(context_.exec(), parameters_.view(), host);
     context_.exec().fence();  // host is freed on return
   }
 
-  // (Re)allocates the activations for B sequences of N tokens (the previous ones go back to the
-  // pool first, so a changed length reuses their memory). The size is recorded only once all are
-  // there: a pool that refuses leaves the module ready to try again.
+  std::size_t checked_rows(const char* where, int batch, std::int64_t tokens) const {
+    require(batch >= 0, where, "batch", batch, "a count >= 0");
+    require(tokens >= 0, where, "tokens", tokens, "a count >= 0");
+    return std::size_t(batch) * std::size_t(tokens);
+  }
+  // The attention's outputs for `rows` tokens: A, LSE per head, and with the sub-LayerNorm Z
+  // and its mean and rstd.
+  std::size_t output_bytes(std::size_t rows) const {
+    const std::size_t E = embed_dim_;
+    return sizeof(T) * (rows * E + (options_.sub_layer_norm ? rows * E : 0)) +
+           sizeof(Accumulate) * (rows * heads_ + (options_.sub_layer_norm ? 2 * rows : 0));
+  }
+
+  // (Re)allocates Q, K, V and the ones for B sequences of N tokens (the previous activations go
+  // back to the pool first, so a changed length reuses their memory). The size is recorded only
+  // once all are there: a pool that refuses leaves the module ready to try again.
   void reserve(const ExecSpace& exec, int batch, std::int64_t tokens) {
     if (batch == batch_ && tokens == tokens_) return;
-    batch_ = 0;
-    tokens_ = 0;
-    x_ = {};
-    qkv_ = d_qkv_ = {};
-    attention_out_ = normalized_ = d_projection_ = d_attention_ = {};
-    lse_ = {};
-    mean_ = rstd_ = ones_ = {};
+    release_activations();
     const std::size_t rows = std::size_t(batch) * tokens, E = embed_dim_;
     qkv_ = context_.template allocate<Projections>(3, rows, E);
-    attention_out_ = context_.template allocate<Activations>(rows, E);
-    lse_ = context_.template allocate<Kokkos::View<T***, memory_space>>(batch, heads_, tokens);
-    d_projection_ = context_.template allocate<Activations>(rows, E);
-    d_qkv_ = context_.template allocate<Projections>(3, rows, E);
     ones_ = context_.template allocate<RowValues>(rows);
-    Kokkos::deep_copy(exec, ones_.view(), T(1));
-    if (options_.sub_layer_norm) {
-      normalized_ = context_.template allocate<Activations>(rows, E);
-      d_attention_ = context_.template allocate<Activations>(rows, E);
-      mean_ = context_.template allocate<RowValues>(rows);
-      rstd_ = context_.template allocate<RowValues>(rows);
-    }
+    Kokkos::deep_copy(exec, ones_.view(), T(1.0));
     batch_ = batch;
     tokens_ = tokens;
+  }
+
+  // A = attention(Q, K, V) with its LSE, then Z = LayerNorm(A), into the output buffers (taken
+  // from the pool when not held: always under recompute_attention, else after a reserve()).
+  void attend(const ExecSpace& exec) {
+    if (attention_out_.size() == 0) {
+      const std::size_t rows = std::size_t(batch_) * tokens_, E = embed_dim_;
+      attention_out_ = context_.template allocate<Activations>(rows, E);
+      lse_ = context_.template allocate<Lse>(batch_, heads_, tokens_);
+      if (options_.sub_layer_norm) {
+        normalized_ = context_.template allocate<Activations>(rows, E);
+        mean_ = context_.template allocate<RowStats>(rows);
+        rstd_ = context_.template allocate<RowStats>(rows);
+      }
+    }
+    runner_->forward(context_, attention_inputs(), {heads_view(attention_out_), lse_.view()});
+    if (options_.sub_layer_norm)
+      layer_norm_forward(exec, matrix(attention_out_), weights_.ln_gamma, weights_.ln_beta, options_.layer_norm_eps,
+                         matrix(normalized_), mean_.view(), rstd_.view());
+  }
+  void release_outputs() {
+    attention_out_ = normalized_ = {};
+    lse_ = {};
+    mean_ = rstd_ = {};
   }
 
   typename Runner::Inputs attention_inputs() const {
@@ -309,13 +368,15 @@ class MultiheadAttention {
   static Matrix matrix(const Projections& p, int i) {
     return Matrix(p.data() + i * p.extent(1) * p.extent(2), p.extent(1), p.extent(2));
   }
-  static Matrix rows_block(const Matrix& w, int i) {
+  template <class M>  // a matrix of weights or of gradients
+  static M rows_block(const M& w, int i) {
     const std::size_t E = w.extent(1);
-    return Matrix(w.data() + i * E * E, E, E);
+    return M(w.data() + i * E * E, E, E);
   }
-  static Vector slice(const Vector& b, int i) {
+  template <class V>
+  static V slice(const V& b, int i) {
     const std::size_t E = b.extent(0) / 3;
-    return Vector(b.data() + i * E, E);
+    return V(b.data() + i * E, E);
   }
   Heads heads_view(T* data) const { return Heads(data, batch_, tokens_, heads_, head_dim()); }
   Heads heads_view(const Activations& a) const { return heads_view(a.data()); }
@@ -325,16 +386,19 @@ class MultiheadAttention {
   int embed_dim_, heads_;
   MultiheadAttentionOptions options_;
   std::shared_ptr<Runner> runner_;
-  memory::PooledView<Flat> parameters_, gradients_;
-  Tensors weights_, weight_gradients_;
+  memory::PooledView<Flat> parameters_;
+  memory::PooledView<GradientFlat> gradients_;
+  Tensors weights_;
+  GradientTensors weight_gradients_;
 
   int batch_ = 0;
   std::int64_t tokens_ = 0;
   ConstTokens x_;
-  memory::PooledView<Projections> qkv_, d_qkv_;
-  memory::PooledView<Activations> attention_out_, normalized_, d_projection_, d_attention_;
-  memory::PooledView<Kokkos::View<T***, memory_space>> lse_;
-  memory::PooledView<RowValues> mean_, rstd_, ones_;
+  memory::PooledView<Projections> qkv_;
+  memory::PooledView<Activations> attention_out_, normalized_;
+  memory::PooledView<Lse> lse_;
+  memory::PooledView<RowStats> mean_, rstd_;
+  memory::PooledView<RowValues> ones_;
 };
 
 // The factory: a module running the attention the text `spec` names ("dense",

@@ -6,8 +6,7 @@
 // view layout is instantiated from the header templates as before.
 //
 //   LONGATTN_ETI_FOR_EACH(TYPES, M) expands M(Space, Type) for each enabled space and each
-//   type of the list TYPES: LONGATTN_ETI_STORAGE_TYPES (the attention kernels' four) or
-//   LONGATTN_ETI_FLOATING_TYPES (float and double: LayerNorm).
+//   type of the list TYPES: LONGATTN_ETI_STORAGE_TYPES (float, double, bfloat16, float16).
 #pragma once
 
 #include <Kokkos_Core.hpp>
@@ -16,7 +15,6 @@
 
 #define LONGATTN_ETI_STORAGE_TYPES(M, SPACE) \
   M(SPACE, float) M(SPACE, double) M(SPACE, ::longattn::bfloat16) M(SPACE, ::longattn::float16)
-#define LONGATTN_ETI_FLOATING_TYPES(M, SPACE) M(SPACE, float) M(SPACE, double)
 
 #ifdef KOKKOS_ENABLE_SERIAL
 #define LONGATTN_ETI_SERIAL(TYPES, M) TYPES(M, ::Kokkos::Serial)
