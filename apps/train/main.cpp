@@ -32,6 +32,7 @@ int main(int argc, char** argv) {
   app.option_defaults()->always_capture_default()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   TrainConfig c;
   std::string task = to_string(c.data.task), attention = to_string(c.model.attention), json_path, config_path;
+  std::string recompute = to_string(c.model.recompute), precision = to_string(c.precision);
   const std::map<std::string, Task> tasks{{"text", Task::text}, {"long_range", Task::long_range}};
 
   app.add_option("--config", config_path, "JSON file of options (keys: the long option names)");
@@ -52,6 +53,19 @@ int main(int argc, char** argv) {
   app.add_option("--data-seed", c.data_seed, "seed of the batches drawn")->group("Data");
   app.add_option("--steps", c.steps, "optimizer steps (the schedule's length)")->group("Training");
   app.add_option("--batch", c.batch, "sequences per step over all data-parallel ranks")->group("Training");
+  app.add_option("--micro-batch", c.micro_batch,
+                 "sequences per forward/backward on each rank, gradients accumulated over batch / dp / "
+                 "micro-batch of them (0: all at once)")->group("Training");
+  app.add_option("--recompute", recompute,
+                 "activation recomputation: none (keep all), selective (recompute the attention's outputs), "
+                 "full (recompute each block from its input)")->group("Training");
+  app.add_option("--precision", precision,
+                 "fp32, or bf16 / fp16: 16-bit parameters, activations and attention with fp32 gradients, master "
+                 "weights and AdamW moments (fp16 with dynamic loss scaling)")->group("Training");
+  app.add_option("--loss-scale", c.loss_scale.initial, "fp16: the initial loss scale")->group("Training");
+  app.add_option("--loss-scale-window", c.loss_scale.window,
+                 "fp16: good steps in a row before the loss scale doubles (an overflow halves it and skips the step)")
+      ->group("Training");
   app.add_option("--lr", c.optimizer.lr, "peak learning rate")->group("Training");
   app.add_option("--min-lr", c.optimizer.min_lr, "learning rate at the end of the cosine decay")->group("Training");
   app.add_option("--warmup", c.optimizer.warmup, "linear warmup steps")->group("Training");
@@ -77,6 +91,8 @@ int main(int argc, char** argv) {
   try {
     longattn::apps::parse_with_config(app, argc, argv, "longattn-train");
     c.model.attention = longattn::parse_attention_spec(attention);  // once, here at the edge
+    c.model.recompute = parse_recompute(recompute);
+    c.precision = parse_precision(precision);
   } catch (const CLI::ParseError& error) {
     return root ? app.exit(error) : (error.get_exit_code() == 0 ? 0 : 2);
   } catch (const longattn::Error& error) {

@@ -1,8 +1,9 @@
 // longattn-train's pieces and its loop: the whole model's gradients by finite differences, the
 // optimizer against its formulas, the data, checkpoints (atomic, refused when corrupted or
-// mismatched), the loss falling on real text, and the grid: DP = 2 and CP = 2 (ring attention,
-// distributed dilated attention, block-sparse ring) give the losses of one rank. Runs at 1 and 2
-// ranks; the grid comparisons need 2.
+// mismatched), the loss falling on real text, recomputation and micro-batches against the plain
+// step, bf16/fp16 against fp32 and fp16 loss scaling, and the grid: DP = 2 and CP = 2 (ring
+// attention, distributed dilated attention, block-sparse ring) give the losses of one rank. Runs
+// at 1 and 2 ranks; the grid comparisons need 2 (at 1 they say SKIP).
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -58,6 +59,22 @@ void check_same_losses(const std::vector<double>& a, const std::vector<double>& 
   }
 }
 
+// B sequences of n random bytes and targets at positions 0..n-1; a quarter of the tokens not
+// counted (weight 0).
+template <class Model>
+typename Model::Batch random_batch(int B, int n, std::mt19937_64& rng) {
+  typename Model::Batch batch{typename Model::TokenIds("inputs", B, n), typename Model::TokenIds("targets", B, n),
+                              typename Model::Weights("weights", B, n), typename Model::Positions("positions", n)};
+  for (int b = 0; b < B; ++b)
+    for (int t = 0; t < n; ++t) {
+      batch.inputs(b, t) = int(rng() % 256);
+      batch.targets(b, t) = int(rng() % 256);
+      batch.weights(b, t) = rng() % 4 == 0 ? 0.0 : 1.0;
+    }
+  for (int t = 0; t < n; ++t) batch.positions(t) = t;
+  return batch;
+}
+
 // A checkpoint path every rank agrees on.
 std::string shared_path(const char* name) {
   return (std::filesystem::temp_directory_path() /
@@ -80,16 +97,8 @@ TEST_CASE("the whole model's gradients match finite differences", "[train][gradi
   using Model = Transformer<Host, double>;
   Model model(config);
   const int B = 2, n = 70;
-  Model::Batch batch{Model::TokenIds("inputs", B, n), Model::TokenIds("targets", B, n), Model::Weights("weights", B, n),
-                     Model::Positions("positions", n)};
   std::mt19937_64 rng(config.seed + 1);
-  for (int b = 0; b < B; ++b)
-    for (int t = 0; t < n; ++t) {
-      batch.inputs(b, t) = int(rng() % 256);
-      batch.targets(b, t) = int(rng() % 256);
-      batch.weights(b, t) = rng() % 4 == 0 ? 0.0 : 1.0;  // some tokens not counted
-    }
-  for (int t = 0; t < n; ++t) batch.positions(t) = t;
+  const Model::Batch batch = random_batch<Model>(B, n, rng);
   const double normalizer = 97;
   model.zero_gradients();
   model.forward(batch, normalizer);
@@ -111,6 +120,51 @@ TEST_CASE("the whole model's gradients match finite differences", "[train][gradi
       CHECK(group.gradients[i] == Approx(numeric).margin(1e-8).epsilon(1e-5));
     }
   }
+}
+
+// Recomputation gives the same loss and gradients, bit for bit (the same kernels on the same
+// inputs in double), and holds less memory at its peak: selective less than none, full less than
+// selective.
+TEST_CASE("recomputation gives the gradients of a model that keeps every activation", "[train][recompute]") {
+  ModelConfig config;
+  config.layers = 3;
+  config.embed = 16;
+  config.heads = 2;
+  config.context = 70;
+  config.seed = test::test_seed();
+  const auto spec = GENERATE(as<std::string>{}, "dense", "dilated:w=32,64;r=1,2", "block_sparse:pattern=top_k;k=1");
+  config.attention = longattn::parse_attention_spec(spec);
+  INFO("attention " << spec << ", seed " << config.seed);
+  using Model = Transformer<Host, double>;
+  const int B = 3, n = 70;
+  std::mt19937_64 rng(config.seed + 1);
+  const Model::Batch batch = random_batch<Model>(B, n, rng);
+  struct Run {
+    double loss;
+    std::vector<double> gradients;
+    std::size_t peak_bytes;  // the pool's high-water mark over forward and backward
+  };
+  auto run = [&](Recompute recompute) {
+    config.recompute = recompute;
+    memory::PoolOptions labelled;
+    labelled.label = to_string(recompute);
+    const memory::Pool<Kokkos::HostSpace> pool(labelled);
+    Model model(ExecutionContext<Host>(Host(), pool), config);
+    pool.reset_high_water();
+    Run r{model.forward(batch, B * n), {}, 0};
+    model.backward();
+    r.peak_bytes = pool.stats().in_use_high_water_bytes;
+    for (const auto& g : model.parameter_groups()) r.gradients.insert(r.gradients.end(), g.gradients, g.gradients + g.count);
+    return r;
+  };
+  const Run none = run(Recompute::none), selective = run(Recompute::selective), full = run(Recompute::full);
+  CHECK(selective.loss == none.loss);
+  CHECK(full.loss == none.loss);
+  CHECK(selective.gradients == none.gradients);
+  CHECK(full.gradients == none.gradients);
+  INFO("peak bytes: none " << none.peak_bytes << ", selective " << selective.peak_bytes << ", full " << full.peak_bytes);
+  CHECK(selective.peak_bytes < none.peak_bytes);
+  CHECK(full.peak_bytes < selective.peak_bytes);
 }
 
 TEST_CASE("AdamW and the schedule follow their formulas", "[train][optimizer]") {
@@ -189,8 +243,15 @@ TEST_CASE("the loss falls on real text", "[train][text]") {
   CHECK(r.evals[0].loss < 0.7 * r.steps.front().loss);
 }
 
+// Says SKIP (and the case checks nothing) unless the world has 2 ranks.
+static bool two_ranks() {
+  if (test::throwing_world().size() == 2) return true;
+  WARN("SKIP: needs 2 MPI ranks, the world has " << test::throwing_world().size() << " (ctest's train_np2 runs it)");
+  return false;
+}
+
 TEST_CASE("data parallel: 2 ranks give the losses of 1 with the same global batch", "[train][grid]") {
-  if (test::throwing_world().size() != 2) return;
+  if (!two_ranks()) return;
   TrainConfig c = tiny_config();
   const std::vector<double> one = losses(run_training(c, self(), nullptr));
   const TrainResult two = run_training(c, test::throwing_world(), nullptr);
@@ -199,7 +260,7 @@ TEST_CASE("data parallel: 2 ranks give the losses of 1 with the same global batc
 }
 
 TEST_CASE("context parallel: 2 ranks give the losses of 1, for each attention kind", "[train][grid]") {
-  if (test::throwing_world().size() != 2) return;
+  if (!two_ranks()) return;
   const auto spec = GENERATE(as<std::string>{}, "dense", "dilated:w=64,256;r=1,4",
                              "block_sparse:pattern=local_window;radius=64");
   INFO("attention " << spec);
@@ -213,6 +274,136 @@ TEST_CASE("context parallel: 2 ranks give the losses of 1, for each attention ki
   const TrainResult two = run_training(c, test::throwing_world(), nullptr);
   CHECK(two.cp == 2);
   check_same_losses(losses(two), one, 1e-4);
+}
+
+// Accumulating k micro-batches sums the same per-token terms in another order: equal to the
+// one-batch step up to rounding. Recomputation changes nothing (the same kernels on the same
+// inputs). At 2 ranks: data parallel with micro-batches, and context parallel (ring attention,
+// distributed dilated attention) recomputing, against one rank keeping everything.
+TEST_CASE("micro-batches and recomputation give the losses of one batch keeping every activation",
+          "[train][recompute]") {
+  TrainConfig c = tiny_config();
+  c.batch = 4;
+  c.steps = 4;
+  c.eval_every = 2;
+  const TrainResult reference = run_training(c, self(), nullptr);
+  auto check_same = [&](const TrainResult& r, double tolerance) {
+    check_same_losses(losses(r), losses(reference), tolerance);
+    REQUIRE(r.evals.size() == reference.evals.size());
+    for (std::size_t i = 0; i < r.evals.size(); ++i) CHECK(r.evals[i].loss == Approx(reference.evals[i].loss).epsilon(tolerance));
+  };
+  SECTION("micro-batches of 1 and 2 sequences") {
+    for (const std::int64_t micro : {1, 2}) {
+      INFO("micro-batch " << micro);
+      TrainConfig m = c;
+      m.micro_batch = micro;
+      const TrainResult r = run_training(m, self(), nullptr);
+      CHECK(r.micro_batches == 4 / micro);
+      check_same(r, 1e-5);
+      CHECK(r.steps.back().memory_bytes < reference.steps.back().memory_bytes);
+    }
+  }
+  SECTION("recomputation, alone and with micro-batches") {
+    for (const Recompute recompute : {Recompute::selective, Recompute::full}) {
+      INFO("recompute " << to_string(recompute));
+      TrainConfig m = c;
+      m.model.recompute = recompute;
+      check_same(run_training(m, self(), nullptr), 1e-6);
+      m.micro_batch = 2;
+      check_same(run_training(m, self(), nullptr), 1e-5);
+    }
+  }
+  SECTION("2 ranks: dp 2 with micro-batches, cp 2 recomputing") {
+    if (!two_ranks()) return;
+    TrainConfig m = c;
+    m.micro_batch = 1;
+    m.model.recompute = Recompute::full;
+    check_same(run_training(m, test::throwing_world(), nullptr), 1e-4);
+    for (const char* spec : {"dense", "dilated:w=64,256;r=1,4"}) {
+      INFO("cp 2, attention " << spec);
+      TrainConfig one = c, two = c;
+      one.model.context = two.model.context = 256;  // zigzag: 4 chunks of one 64-token block
+      one.model.attention = two.model.attention = longattn::parse_attention_spec(spec);
+      const TrainResult local = run_training(one, self(), nullptr);
+      two.cp = 2;
+      for (const Recompute recompute : {Recompute::selective, Recompute::full}) {
+        two.model.recompute = recompute;
+        two.micro_batch = 2;
+        check_same_losses(losses(run_training(two, test::throwing_world(), nullptr)), losses(local), 1e-4);
+      }
+    }
+  }
+}
+
+// Mixed precision: 16-bit parameters, activations and attention with fp32 gradients, master
+// weights and moments follow the fp32 run within the storage's precision (bf16 keeps 8
+// significant bits, fp16 11), and hold less memory. A checkpoint holds the fp32 master weights:
+// resuming gives the uninterrupted run's losses in every precision.
+TEST_CASE("bf16 and fp16 training follows fp32 within their precision", "[train][precision]") {
+  TrainConfig c = tiny_config();
+  c.steps = 6;
+  const TrainResult fp32 = run_training(c, test::throwing_world(), nullptr);
+  for (const auto& [precision, tolerance] : {std::pair{Precision::bf16, 0.02}, std::pair{Precision::fp16, 0.005}}) {
+    INFO("precision " << to_string(precision));
+    TrainConfig m = c;
+    m.precision = precision;
+    const TrainResult half = run_training(m, test::throwing_world(), nullptr);
+    check_same_losses(losses(half), losses(fp32), tolerance);
+    CHECK(losses(half) != losses(fp32));  // the 16-bit path ran
+    CHECK(half.steps.back().memory_bytes < fp32.steps.back().memory_bytes);
+    for (const StepRecord& r : half.steps) CHECK_FALSE(r.skipped);
+
+    // Written after 3 steps, resumed for the rest: the same losses (fp16: with its loss scale).
+    m.checkpoint = shared_path("precision.ckpt");
+    m.stop_after = 3;
+    std::vector<double> joined = losses(run_training(m, test::throwing_world(), nullptr));
+    m.stop_after = 0;
+    m.resume = true;
+    for (double loss : losses(run_training(m, test::throwing_world(), nullptr))) joined.push_back(loss);
+    check_same_losses(joined, losses(half), 1e-6);
+  }
+  test::throwing_world().barrier();
+  if (test::throwing_world().rank() == 0) std::filesystem::remove(shared_path("precision.ckpt"));
+}
+
+// A loss scale of 2^32 makes the tiny model's fp16 gradients overflow (65504 is fp16's largest):
+// those steps are skipped and the scale halves until the gradients fit; after `window` good
+// steps it doubles. The run recovers and learns, and the log says what happened.
+TEST_CASE("fp16 loss scaling skips overflowing steps and recovers", "[train][precision]") {
+  TrainConfig c = tiny_config();
+  c.precision = Precision::fp16;
+  c.loss_scale.initial = std::ldexp(1.0, 32);
+  c.loss_scale.window = 4;
+  c.steps = 40;
+  c.optimizer.lr = 3e-3;
+  std::ostringstream log;
+  const TrainResult r = run_training(c, test::throwing_world(), &log);
+  REQUIRE(r.steps.size() == 40);
+  CHECK(r.steps[0].skipped);
+  CHECK(r.steps[0].loss_scale == std::ldexp(1.0, 32));
+  int skipped = 0, good_run = 0, doublings = 0;
+  for (std::size_t i = 0; i + 1 < r.steps.size(); ++i) {
+    INFO("step " << r.steps[i].step << ", loss scale " << r.steps[i].loss_scale);
+    if (r.steps[i].skipped) {
+      ++skipped;
+      good_run = 0;
+      CHECK(r.steps[i + 1].loss_scale == r.steps[i].loss_scale / 2);
+    } else if (++good_run == 4) {
+      good_run = 0;
+      ++doublings;
+      CHECK(r.steps[i + 1].loss_scale == r.steps[i].loss_scale * 2);
+    } else {
+      CHECK(r.steps[i + 1].loss_scale == r.steps[i].loss_scale);
+    }
+  }
+  INFO(skipped << " steps skipped, " << doublings << " doublings");
+  CHECK(skipped >= 6);  // from 2^32 down to where the gradients fit
+  CHECK(doublings >= 1);
+  CHECK(r.steps.back().loss < 0.8 * r.steps.front().loss);
+  if (test::throwing_world().rank() == 0) {
+    CHECK_THAT(log.str(), Catch::Contains("overflow  step 1: gradients not finite at loss scale") &&
+                              Catch::Contains("step skipped; loss scale now"));
+  }
 }
 
 TEST_CASE("a resumed run gives the losses of an uninterrupted one", "[train][checkpoint]") {
@@ -231,6 +422,21 @@ TEST_CASE("a resumed run gives the losses of an uninterrupted one", "[train][che
   for (double loss : losses(rest)) joined.push_back(loss);
   check_same_losses(joined, whole, 1e-6);
   if (test::throwing_world().rank() == 0) CHECK_FALSE(std::filesystem::exists(c.checkpoint + ".tmp"));
+  {
+    INFO("written recomputing everything in micro-batches of 1, resumed recomputing attention in 2");
+    TrainConfig other = c;
+    other.resume = false;
+    other.stop_after = 3;
+    other.model.recompute = Recompute::full;
+    other.micro_batch = 1;
+    std::vector<double> mixed = losses(run_training(other, test::throwing_world(), nullptr));
+    other.resume = true;
+    other.stop_after = 0;
+    other.model.recompute = Recompute::selective;
+    other.micro_batch = 2 / test::throwing_world().size();
+    for (double loss : losses(run_training(other, test::throwing_world(), nullptr))) mixed.push_back(loss);
+    check_same_losses(mixed, whole, 1e-5);
+  }
 
   SECTION("a mismatched checkpoint is refused") {
     c.model.embed = 64;
@@ -296,6 +502,14 @@ TEST_CASE("bad options are refused naming them", "[train][errors]") {
   bad = c;
   bad.resume = true;
   fails(bad, "argument 'resume' is true, expected a --checkpoint file");
+  bad = c;
+  bad.micro_batch = 3;
+  fails(bad, "argument 'micro-batch' is 3, expected a divisor of batch / dp = " + std::to_string(4 / world.size()));
+  CHECK_THROWS_WITH(parse_recompute("some"), Catch::Contains("argument 'recompute' is \"some\", expected one of none, selective, full"));
+  CHECK_THROWS_WITH(parse_precision("fp8"), Catch::Contains("argument 'precision' is \"fp8\", expected one of fp32, bf16, fp16"));
+  bad = c;
+  bad.loss_scale.initial = 0;
+  fails(bad, "argument 'loss-scale' is 0, expected a positive finite factor");
   if (world.size() == 2) {
     bad = c;
     bad.batch = 3;
@@ -305,5 +519,9 @@ TEST_CASE("bad options are refused naming them", "[train][errors]") {
     bad.model.context = 256;
     bad.model.attention = longattn::parse_attention_spec("block_sparse:pattern=top_k;k=2");
     fails(bad, "a fixed block-sparse pattern");
+    bad = c;
+    bad.cp = 2;
+    bad.precision = Precision::bf16;
+    fails(bad, "argument 'cp' is 2, expected 1 with --precision bf16 (ring attention in 16-bit storage is not built yet");
   }
 }

@@ -33,12 +33,12 @@ nlohmann::json run_identity(const TrainConfig& c) {
           {"pairs", c.data.pairs}, {"queries", c.data.queries}, {"batch", c.batch}, {"data_seed", c.data_seed}};
 }
 
-// The tokens of this rank: its sequences of the global batch, its segments of each. Filled on
-// the host, then copied to the model's memory.
-template <class Exec>
+// The tokens of one micro-batch of this rank: `sequences` of its sequences of the global batch,
+// its segments of each. Filled on the host, then copied to the model's memory.
+template <class Exec, class T>
 class LocalBatch {
  public:
-  using Model = Transformer<Exec, float>;
+  using Model = Transformer<Exec, T>;
   LocalBatch(std::int64_t first, std::int64_t sequences, const std::vector<parallel::Segment>& segments)
       : segments_(segments), first_(first), sequences_(sequences) {
     std::int64_t n = 0;
@@ -55,14 +55,16 @@ class LocalBatch {
       for (std::int64_t t = 0; t < s.tokens; ++t) positions(s.local_begin + t) = int(s.global_begin + t);
     Kokkos::deep_copy(batch_.positions, positions);
   }
-  const typename Model::Batch& fill(const HostBatch& global) {
+  // Micro-batch `micro` of this rank's part of `global`.
+  const typename Model::Batch& fill(const HostBatch& global, std::int64_t micro) {
+    const std::int64_t first = first_ + micro * sequences_;
     for (std::int64_t b = 0; b < sequences_; ++b)
       for (const auto& s : segments_)
         for (std::int64_t t = 0; t < s.tokens; ++t) {
-          const std::size_t from = std::size_t((first_ + b) * global.tokens + s.global_begin + t);
+          const std::size_t from = std::size_t((first + b) * global.tokens + s.global_begin + t);
           inputs_(b, s.local_begin + t) = global.inputs[from];
           targets_(b, s.local_begin + t) = global.targets[from];
-          weights_(b, s.local_begin + t) = global.weights[from];
+          weights_(b, s.local_begin + t) = T(global.weights[from]);
         }
     Kokkos::deep_copy(batch_.inputs, inputs_);
     Kokkos::deep_copy(batch_.targets, targets_);
@@ -99,12 +101,32 @@ void validate(const TrainConfig& c, int world_size) {
   const int dp = world_size / c.cp;
   require(c.batch >= 1 && c.batch % dp == 0, program, "batch", c.batch,
           "a positive multiple of dp = ranks / cp = " + std::to_string(dp) + " (sequences per step)");
+  const std::int64_t per_rank = c.batch / dp;
+  require(c.micro_batch >= 0 && (c.micro_batch == 0 || per_rank % c.micro_batch == 0), program, "micro-batch",
+          c.micro_batch,
+          "a divisor of batch / dp = " + std::to_string(per_rank) + " (sequences per rank), or 0 for all of them");
   require(c.eval_every >= 0, program, "eval-every", c.eval_every, "a step count >= 0");
   require(c.eval_batches >= 1, program, "eval-batches", c.eval_batches, "at least 1");
   require(c.checkpoint_every >= 0, program, "checkpoint-every", c.checkpoint_every, "a step count >= 0");
   require(!c.resume || !c.checkpoint.empty(), program, "resume", "true", "a --checkpoint file to resume from");
   require(c.stop_after >= 0, program, "stop-after", c.stop_after, "a step >= 0");
   require(c.peak_gflops >= 0, program, "peak-gflops", c.peak_gflops, "GFLOP/s >= 0 (0: measure)");
+  require(c.precision == Precision::fp32 || c.cp == 1, program, "cp", c.cp,
+          std::string("1 with --precision ") + to_string(c.precision) +
+              " (ring attention in 16-bit storage is not built yet; --precision fp32 runs any cp)");
+  require(c.loss_scale.initial > 0 && std::isfinite(c.loss_scale.initial), program, "loss-scale",
+          c.loss_scale.initial, "a positive finite factor");
+  require(c.loss_scale.window >= 1, program, "loss-scale-window", c.loss_scale.window, "at least 1 step");
+}
+
+const char* to_string(Precision precision) {
+  return precision == Precision::fp32 ? "fp32" : precision == Precision::bf16 ? "bf16" : "fp16";
+}
+
+Precision parse_precision(const std::string& text, const char* option) {
+  for (const Precision p : {Precision::fp32, Precision::bf16, Precision::fp16})
+    if (text == to_string(p)) return p;
+  throw_invalid_argument(program, option, "\"" + text + "\"", "one of fp32, bf16, fp16");
 }
 
 nlohmann::json TrainResult::to_json(const TrainConfig& c) const {
@@ -112,8 +134,14 @@ nlohmann::json TrainResult::to_json(const TrainConfig& c) const {
   j["config"] = run_identity(c);
   j["config"]["steps"] = c.steps;
   j["config"]["lr"] = c.optimizer.lr;
+  j["config"]["micro_batch"] = c.batch / dp / micro_batches;
+  j["config"]["recompute"] = to_string(c.model.recompute);
+  j["config"]["precision"] = to_string(c.precision);
   j["grid"] = {{"dp", dp}, {"cp", cp}};
+  j["micro_batches"] = micro_batches;
   j["parameters"] = parameters;
+  j["model_state_bytes"] = model_state_bytes;
+  j["bucket_bytes"] = bucket_bytes;
   j["flops_per_step"] = flops_per_step;
   j["peak_gflops"] = peak_gflops;
   j["first_step"] = first_step;
@@ -123,7 +151,7 @@ nlohmann::json TrainResult::to_json(const TrainConfig& c) const {
     j["steps"].push_back({{"step", s.step}, {"loss", s.loss}, {"lr", s.lr}, {"gradient_norm", s.gradient_norm},
                           {"seconds", s.seconds}, {"tokens_per_second", s.tokens_per_second}, {"gflops", s.gflops},
                           {"peak_fraction", s.peak_fraction}, {"communication_share", s.communication_share},
-                          {"memory_bytes", s.memory_bytes}});
+                          {"memory_bytes", s.memory_bytes}, {"loss_scale", s.loss_scale}, {"skipped", s.skipped}});
     seconds += s.seconds;
   }
   j["evals"] = nlohmann::json::array();
@@ -135,6 +163,7 @@ nlohmann::json TrainResult::to_json(const TrainConfig& c) const {
     steady_comm += steps[i].seconds * steps[i].communication_share;
   }
   const double steady_steps = double(steps.size() > 1 ? steps.size() - 1 : steps.size());
+  const std::size_t memory = steps.empty() ? 0 : steps.back().memory_bytes, fixed = model_state_bytes + bucket_bytes;
   const double gflops = steady_seconds > 0 ? steady_steps * flops_per_step / steady_seconds * 1e-9 : 0;
   j["summary"] = {{"seconds", seconds},
                   {"first_loss", steps.empty() ? 0.0 : steps.front().loss},
@@ -143,15 +172,19 @@ nlohmann::json TrainResult::to_json(const TrainConfig& c) const {
                   {"steady_gflops", gflops},
                   {"steady_peak_fraction", peak_gflops > 0 ? gflops / peak_gflops : 0.0},
                   {"steady_communication_share", steady_seconds > 0 ? steady_comm / steady_seconds : 0.0},
-                  {"memory_bytes", steps.empty() ? 0 : steps.back().memory_bytes}};
+                  {"memory_bytes", memory},
+                  // the high-water mark beyond the model's state and the buckets: activations, workspaces
+                  {"activation_bytes", memory > fixed ? memory - fixed : 0}};
   return j;
 }
 
-template <class Exec>
-TrainResult run_training(const TrainConfig& config, const parallel::Communicator& world, std::ostream* log) {
-  using Model = Transformer<Exec, float>;
+namespace {
+
+// The run in the model type T (float; bfloat16 or float16 for mixed precision).
+template <class Exec, class T>
+TrainResult train(const TrainConfig& config, const parallel::Communicator& world, std::ostream* log) {
+  using Model = Transformer<Exec, T>;
   using Memory = typename Exec::memory_space;
-  world.guarded(program, [&] { validate(config, world.size()); });
   // Where every kernel of the run goes and where its memory comes from (the step's high-water
   // mark below is this pool's).
   const ExecutionContext<Exec> context;
@@ -159,20 +192,25 @@ TrainResult run_training(const TrainConfig& config, const parallel::Communicator
   const int cp_rank = world.rank() % cp, dp_rank = world.rank() / cp;
   const parallel::Communicator cp_group = world.split(dp_rank, cp_rank);
   const std::int64_t N = config.model.context, sequences = config.batch / dp;
+  const std::int64_t micro_batch = config.micro_batch > 0 ? config.micro_batch : sequences;
+  const std::int64_t micro_batches = sequences / micro_batch;
   std::ostream* out = world.rank() == 0 ? log : nullptr;
 
   std::optional<Dataset> data;
   world.checked(program, [&] { data.emplace(config.data, N); });
   Model model(context, config.model);
+  // Ring attention runs float (validate() refuses cp > 1 for 16-bit models).
   std::shared_ptr<parallel::ContextParallelAttention<Exec, float>> ring;
   std::vector<parallel::Segment> segments{{0, 0, N}};
-  if (cp > 1) {
-    ring = std::make_shared<parallel::ContextParallelAttention<Exec, float>>(
-        context.exec(), cp_group, N, config.model.attention, true);
-    model.set_attention_runner(ring);
-    segments = ring->segments();
+  if constexpr (std::is_same_v<T, float>) {
+    if (cp > 1) {
+      ring = std::make_shared<parallel::ContextParallelAttention<Exec, float>>(
+          context.exec(), cp_group, N, config.model.attention, true);
+      model.set_attention_runner(ring);
+      segments = ring->segments();
+    }
   }
-  LocalBatch<Exec> local(std::int64_t(dp_rank) * sequences, sequences, segments);
+  LocalBatch<Exec, T> local(std::int64_t(dp_rank) * sequences, micro_batch, segments);
 
   const auto& groups = model.parameter_groups();
   std::unique_ptr<parallel::GradientBuckets<Exec>> buckets;
@@ -182,16 +220,25 @@ TrainResult run_training(const TrainConfig& config, const parallel::Communicator
     buckets = std::make_unique<parallel::GradientBuckets<Exec>>(context, world, options);
     for (const auto& g : groups) buckets->add(g.gradients, g.count);
   }
-  AdamW<Exec, float> optimizer(context, config.optimizer, groups);
-  // A checkpoint's payload, in order: every group's parameters, then AdamW's two moments.
+  AdamW<Exec, T> optimizer(context, config.optimizer, groups);
+  // A checkpoint's payload, in order: every group's parameters (fp32: the model's; 16-bit: the
+  // optimizer's fp32 master weights, in the same order), then AdamW's two moments. The same bytes
+  // in every precision, so a run may resume in another.
   std::vector<Kokkos::View<float*, Memory, Kokkos::MemoryUnmanaged>> state;
-  for (const auto& g : groups) state.emplace_back(g.values, g.count);
+  if constexpr (AdamW<Exec, T>::keeps_master_weights)
+    state.emplace_back(optimizer.master_weights().data(), optimizer.master_weights().size());
+  else
+    for (const auto& g : groups) state.emplace_back(g.values, g.count);
   state.emplace_back(optimizer.first_moment().data(), optimizer.first_moment().size());
   state.emplace_back(optimizer.second_moment().data(), optimizer.second_moment().size());
   std::size_t state_bytes = 0;
   for (const auto& part : state) state_bytes += part.size() * sizeof(float);
   std::mt19937_64 train_rng(config.data_seed);
   int first = 0;  // 0-based step to start from
+  // fp16's dynamic loss scale and the good steps since it last changed (1: no scaling).
+  const bool scaling = config.precision == Precision::fp16;
+  double loss_scale = scaling ? config.loss_scale.initial : 1.0;
+  int good_steps = 0;
 
   // ---- resume
   if (config.resume) {
@@ -214,9 +261,14 @@ TrainResult run_training(const TrainConfig& config, const parallel::Communicator
       Kokkos::deep_copy(part, PayloadFloats(reinterpret_cast<float*>(p), part.size()));
       p += part.size() * sizeof(float);
     }
+    if constexpr (AdamW<Exec, T>::keeps_master_weights) optimizer.master_weights_changed();
     const nlohmann::json& m = checkpoint.metadata;
     first = m["step"].get<int>();
     optimizer.set_steps(m["optimizer_steps"].get<std::int64_t>());
+    if (scaling && m.contains("loss_scale")) {  // written by an fp16 run
+      loss_scale = m["loss_scale"].get<double>();
+      good_steps = m["good_steps"].get<int>();
+    }
     std::istringstream(m["rng"].get<std::string>()) >> train_rng;
     if (out) *out << "resumed   from " << config.checkpoint << " at step " << first << "\n";
   }
@@ -230,6 +282,10 @@ TrainResult run_training(const TrainConfig& config, const parallel::Communicator
       rng << train_rng;
       checkpoint.metadata = {{"run", run_identity(config)}, {"step", next_step},
                              {"optimizer_steps", optimizer.steps()}, {"rng", rng.str()}};
+      if (scaling) {
+        checkpoint.metadata["loss_scale"] = loss_scale;
+        checkpoint.metadata["good_steps"] = good_steps;
+      }
       checkpoint.payload.resize(state_bytes);
       unsigned char* p = checkpoint.payload.data();
       for (const auto& part : state) {
@@ -246,7 +302,11 @@ TrainResult run_training(const TrainConfig& config, const parallel::Communicator
   result.dp = dp;
   result.cp = cp;
   result.first_step = first + 1;
+  result.micro_batches = micro_batches;
   result.parameters = model.parameter_count();
+  // Values (T), and in float the gradients, two moments and for 16-bit T the master weights.
+  result.model_state_bytes =
+      result.parameters * (sizeof(T) + sizeof(float) * (AdamW<Exec, T>::keeps_master_weights ? 4 : 3));
   result.flops_per_step = model.flops_per_step(config.batch);
   result.peak_gflops = config.peak_gflops;
   if (result.peak_gflops == 0) {
@@ -266,7 +326,11 @@ TrainResult run_training(const TrainConfig& config, const parallel::Communicator
                                                   std::to_string(config.data.queries) + " queries")
          << "\n"
          << "grid      " << world.size() << " ranks = dp " << dp << " x cp " << cp << "; " << config.batch
-         << " sequences per step (" << config.batch * N << " tokens)\n"
+         << " sequences per step (" << config.batch * N << " tokens), " << micro_batches << " micro-batch"
+         << (micro_batches > 1 ? "es" : "") << " of " << micro_batch << " per rank\n"
+         << "memory    recompute " << to_string(config.model.recompute) << "; precision " << to_string(config.precision);
+    if (scaling) *out << ", loss scale " << loss_scale;
+    *out << "\n"
          << "compute   " << std::fixed << std::setprecision(2) << result.flops_per_step * 1e-9 << " GFLOP per step; "
          << "FMA peak of the ranks' cores " << std::setprecision(1) << result.peak_gflops << " GFLOP/s"
          << (config.peak_gflops > 0 ? " (given)" : " (measured)") << "\n";
@@ -282,7 +346,9 @@ TrainResult run_training(const TrainConfig& config, const parallel::Communicator
     double total = 0;
     for (int i = 0; i < config.eval_batches; ++i) {
       const HostBatch global = data->sample(Split::validation, rng, config.batch);
-      total += global_sum(model.forward(local.fill(global), global.weighted_tokens));
+      double mine = 0;
+      for (std::int64_t m = 0; m < micro_batches; ++m) mine += model.forward(local.fill(global, m), global.weighted_tokens);
+      total += global_sum(mine);
     }
     return total / config.eval_batches;
   };
@@ -296,10 +362,15 @@ TrainResult run_training(const TrainConfig& config, const parallel::Communicator
     const HostBatch global = data->sample(Split::train, train_rng, config.batch);
     model.zero_gradients();
     if (ring) ring->reset_timings();
-    const double local_loss = model.forward(local.fill(global), global.weighted_tokens);
-    model.backward([&](int group) {
-      if (buckets) buckets->ready(group);
-    });
+    double local_loss = 0;
+    for (std::int64_t m = 0; m < micro_batches; ++m) {
+      // Every micro-batch's loss is over the global batch's token count, so the gradients add up
+      // to the step's; the all-reduce starts as the last micro-batch's gradients become final.
+      local_loss += model.forward(local.fill(global, m), global.weighted_tokens, loss_scale);
+      const bool last_micro = m + 1 == micro_batches;
+      model.backward(buckets && last_micro ? std::function<void(int)>([&](int group) { buckets->ready(group); })
+                                           : std::function<void(int)>());
+    }
     if (buckets) {
       const Clock::time_point wait = Clock::now();
       buckets->wait();
@@ -315,10 +386,26 @@ TrainResult run_training(const TrainConfig& config, const parallel::Communicator
     StepRecord r;
     r.step = step + 1;
     r.lr = learning_rate(config.optimizer, step, config.steps);
-    r.gradient_norm = optimizer.step(r.lr);
+    r.loss_scale = loss_scale;
+    r.gradient_norm = optimizer.step(r.lr, loss_scale);  // every rank: the same all-reduced gradients
+    if (!std::isfinite(r.gradient_norm)) {
+      world.guarded(program, [&] {
+        require(scaling, program, "gradient norm at step " + std::to_string(step + 1), r.gradient_norm,
+                "a finite number: training stopped (try a lower --lr or --clip)");
+      });
+      r.skipped = true;  // fp16 overflow: nothing was updated; a smaller scale next time
+      loss_scale /= 2;
+      good_steps = 0;
+      if (out) *out << "overflow  step " << step + 1 << ": gradients not finite at loss scale " << r.loss_scale
+                    << ", step skipped; loss scale now " << loss_scale << "\n";
+    } else if (scaling && ++good_steps == config.loss_scale.window) {
+      loss_scale *= 2;
+      good_steps = 0;
+    }
     r.loss = loss;
     r.seconds = seconds_since(start);
     // The slowest rank's time, communication and memory make the step's figures.
+    if (buckets) result.bucket_bytes = buckets->buffer_bytes();
     const double mine[3] = {r.seconds, communication,
                             double(context.pool().stats().in_use_high_water_bytes)};
     double most[3];
@@ -350,6 +437,19 @@ TrainResult run_training(const TrainConfig& config, const parallel::Communicator
       save(step + 1);
   }
   return result;
+}
+
+}  // namespace
+
+template <class Exec>
+TrainResult run_training(const TrainConfig& config, const parallel::Communicator& world, std::ostream* log) {
+  world.guarded(program, [&] { validate(config, world.size()); });
+  switch (config.precision) {
+    case Precision::bf16: return train<Exec, bfloat16>(config, world, log);
+    case Precision::fp16: return train<Exec, float16>(config, world, log);
+    case Precision::fp32: break;
+  }
+  return train<Exec, float>(config, world, log);
 }
 
 template TrainResult run_training<Kokkos::DefaultExecutionSpace>(const TrainConfig&, const parallel::Communicator&,

@@ -131,6 +131,13 @@ class GradientBuckets {
     return std::size_t(std::count_if(buckets_.begin(), buckets_.end(), [](const Bucket& b) { return b.started; }));
   }
   const GradientBucketOptions& options() const { return options_; }
+  // Bytes of the buckets' buffers held from the context's pool (those packing kept gradients
+  // exist from the first step on).
+  std::size_t buffer_bytes() const {
+    std::size_t total = 0;
+    for (const Bucket& b : buckets_) total += b.buffer.bytes();
+    return total;
+  }
 
  private:
   static constexpr const char* where_ = "longattn::parallel::GradientBuckets";

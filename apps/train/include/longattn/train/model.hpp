@@ -16,6 +16,13 @@
 // Parameters are groups (ParameterGroup: values, gradients, count), listed in the order
 // backward() makes their gradients final (head first, embeddings last), which is the order a
 // data-parallel all-reduce wants them; backward() calls `ready(index)` as each becomes final.
+// Activation recomputation (ModelConfig::recompute) trades compute for memory with the same
+// results: `none` keeps every block's activations for backward; `selective` keeps the attention's
+// inputs Q, K, V but not its outputs (A, LSE, the sub-LayerNorm's Z), which backward recomputes;
+// `full` keeps only each block's input x (and the last block's activations, which backward uses
+// first) and runs the other blocks' forward again in backward, one block at a time. Buffers
+// backward needs only while it runs come from the pool and go back to it.
+//
 // Every matrix product is a gemm (Kokkos Kernels); the rest are Kokkos kernels. All of it runs
 // in the model's ExecutionContext: on its instance, parameters, activations and gradients from
 // its pool (the attention layers share the context).
@@ -37,6 +44,11 @@
 
 namespace longattn::train {
 
+enum class Recompute { none, selective, full };
+const char* to_string(Recompute recompute);
+// "none", "selective" or "full"; throws longattn::Error naming `option` otherwise.
+Recompute parse_recompute(const std::string& text, const char* option = "recompute");
+
 struct ModelConfig {
   int layers = 4;
   int embed = 256;                   // E
@@ -44,6 +56,7 @@ struct ModelConfig {
   std::int64_t context = 256;        // N: tokens per sequence (positions learned up to N)
   AttentionSpec attention;           // dense unless set (parse_attention_spec: the text form)
   std::uint64_t seed = 1;            // weight initialization
+  Recompute recompute = Recompute::none;  // how backward gets activations (the same results)
   static constexpr int vocab = 256;  // bytes
   int hidden() const { return 4 * embed; }
 };
@@ -51,11 +64,12 @@ struct ModelConfig {
 // Throws longattn::Error naming the field.
 void validate(const ModelConfig& config);
 
+// Values in the model's type T, gradients in accumulate_t<T> (float for 16-bit T).
 template <class T>
 struct ParameterGroup {
   std::string name;
   T* values;
-  T* gradients;
+  accumulate_t<T>* gradients;
   std::size_t count;
   bool decay;  // matrices decay (AdamW), biases, norms and embeddings do not
 };
@@ -85,12 +99,13 @@ class Transformer {
     options.attention = config.attention;
     options.causal = true;
     options.gamma_init = std::sqrt(std::log(2.0 * config.layers));  // MAGNETO, decoder
+    options.recompute_attention = config.recompute == Recompute::selective;
     std::mt19937_64 seeds(config.seed);
     // Own parameters, one buffer each for values and gradients, carved in this order.
     std::size_t own = V * E + N * E + 2 * E + V * E + V;
     own += std::size_t(config.layers) * (4 * E + F * E + F + E * F + E);
     values_ = context_.template allocate<Flat>(own);
-    gradients_ = context_.template allocate<Flat>(own);
+    gradients_ = context_.template allocate<GradientFlat>(own);
     std::size_t offset = 0;
     auto take = [&](std::size_t count) {
       const std::size_t at = offset;
@@ -131,12 +146,13 @@ class Transformer {
   }
 
   void zero_gradients() {
-    Kokkos::deep_copy(context_.exec(), gradients_.view(), T(0));
+    Kokkos::deep_copy(context_.exec(), gradients_.view(), Accumulate(0));
     for (Block& b : blocks_) b.attention->zero_gradients();
   }
 
-  // This rank's loss contribution; keeps what backward() needs.
-  double forward(const Batch& batch, double normalizer);
+  // This rank's loss contribution; keeps what backward() needs. backward()'s gradients are
+  // those of loss_scale times the loss (fp16 training scales them above its underflow).
+  double forward(const Batch& batch, double normalizer, double loss_scale = 1);
   // Adds this batch's gradients into the groups' gradients; ready(i) as group i is final.
   void backward(const std::function<void(int)>& ready = {});
 
@@ -145,11 +161,16 @@ class Transformer {
   double flops_per_step(std::int64_t sequences) const;
 
  private:
+  using Accumulate = accumulate_t<T>;
   using Flat = Kokkos::View<T*, memory_space>;
-  using Matrix = Kokkos::View<T**, Kokkos::LayoutRight, memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
-  using Vector = Kokkos::View<T*, memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+  using GradientFlat = Kokkos::View<Accumulate*, memory_space>;
+  template <class Value>
+  using MatrixOf = Kokkos::View<Value**, Kokkos::LayoutRight, memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+  template <class Value>
+  using VectorOf = Kokkos::View<Value*, memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+  using Matrix = MatrixOf<T>;
   using Rows = memory::PooledView<Kokkos::View<T**, Kokkos::LayoutRight, memory_space>>;  // [R, cols]
-  using Stats = memory::PooledView<Kokkos::View<T*, memory_space>>;                       // [R]
+  using Stats = memory::PooledView<Kokkos::View<Accumulate*, memory_space>>;              // [R]
 
   struct LayerNormStats {
     Stats mean, rstd;
@@ -157,7 +178,8 @@ class Transformer {
   struct Block {
     std::size_t ln1, ln2, w1, b1, w2, b2;  // offsets of the own parameters
     std::unique_ptr<Attention> attention;
-    Rows x, h1, x2, h2, u, g;             // forward activations
+    Rows x;                                // the block's input (kept in every mode)
+    Rows h1, x2, h2, u, g;                 // forward activations (under `full`: while one block runs)
     LayerNormStats norm1, norm2;
   };
   struct Head {
@@ -170,11 +192,21 @@ class Transformer {
   void initialize(std::uint64_t seed);
   void list_groups();
   void reserve(int batch, std::int64_t tokens);
+  void acquire_activations(Block& b, std::size_t rows);
+  void release_activations(Block& b);
+  // The block's forward from b.x; its output into `next` (none: stop after the MLP's GELU, as
+  // full recomputation needs).
+  void block_forward(Block& b, const Matrix* next);
 
-  Matrix matrix(const Flat& flat, std::size_t offset, std::size_t rows, std::size_t cols) const {
-    return Matrix(flat.data() + offset, rows, cols);
+  // Pieces of the flat parameter (T) or gradient (Accumulate) buffers.
+  template <class View>
+  static auto matrix(const memory::PooledView<View>& flat, std::size_t offset, std::size_t rows, std::size_t cols) {
+    return MatrixOf<typename View::value_type>(flat.data() + offset, rows, cols);
   }
-  Vector vector(const Flat& flat, std::size_t offset, std::size_t count) const { return Vector(flat.data() + offset, count); }
+  template <class View>
+  static auto vector(const memory::PooledView<View>& flat, std::size_t offset, std::size_t count) {
+    return VectorOf<typename View::value_type>(flat.data() + offset, count);
+  }
   static Matrix rows(const Rows& r) { return Matrix(r.data(), r.extent(0), r.extent(1)); }
   using Tokens3 = Kokkos::View<T***, Kokkos::LayoutRight, memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
   Tokens3 tokens3(const Rows& r) const { return Tokens3(r.data(), batch_, tokens_, r.extent(1)); }
@@ -188,7 +220,8 @@ class Transformer {
 
   Context context_;
   ModelConfig config_;
-  memory::PooledView<Flat> values_, gradients_;
+  memory::PooledView<Flat> values_;
+  memory::PooledView<GradientFlat> gradients_;
   Head head_;
   Embedding embedding_;
   std::vector<Block> blocks_;
@@ -198,7 +231,6 @@ class Transformer {
   int batch_ = 0;
   std::int64_t tokens_ = 0;
   Batch batch_data_;
-  double normalizer_ = 1;
   Rows x_final_, h_final_, logits_, d_x_, d_x2_, d_h_, d_hidden_;
   LayerNormStats norm_final_;
   memory::PooledView<Kokkos::View<T*, memory_space>> ones_;

@@ -7,7 +7,11 @@
 //   w <- w - lr (m / (1 - b1^t) / (sqrt(v / (1 - b2^t)) + eps) + decay w)   (decay on matrices)
 //
 // The moments m and v are one buffer each over all parameter groups, from the context's pool;
-// the update runs on the context's instance.
+// the update runs on the context's instance. Everything is in A = accumulate_t<T>: for a model in
+// 16-bit storage (T = bfloat16 or float16; its gradients are float) AdamW keeps fp32 master
+// weights, updates them and writes their rounded values into the model's parameters (mixed
+// precision). step() takes the loss scale the gradients carry and divides it out; with a
+// non-finite gradient it changes nothing (fp16 loss scaling skips that step).
 #pragma once
 
 #include <Kokkos_Core.hpp>
@@ -37,12 +41,24 @@ void validate(const OptimizerConfig& config);
 // The learning rate of step `step` (0-based) of `steps`.
 double learning_rate(const OptimizerConfig& config, int step, int steps);
 
+namespace detail {
+// to[i] = To(from[i]) for i < count, on exec.
+template <class ExecSpace, class From, class To>
+void convert(const ExecSpace& exec, const From* from, To* to, std::size_t count) {
+  Kokkos::parallel_for(
+      "longattn::train::convert", Kokkos::RangePolicy<ExecSpace>(exec, 0, std::int64_t(count)),
+      KOKKOS_LAMBDA(std::int64_t i) { to[i] = To(accumulate_t<From>(from[i])); });
+}
+}  // namespace detail
+
 template <class ExecSpace, class T>
 class AdamW {
  public:
   using memory_space = typename ExecSpace::memory_space;
-  using Flat = Kokkos::View<T*, memory_space>;
+  using Accumulate = accumulate_t<T>;
+  using Flat = Kokkos::View<Accumulate*, memory_space>;
   using Context = ExecutionContext<ExecSpace>;
+  static constexpr bool keeps_master_weights = is_half_v<T>;
 
   AdamW(const Context& context, const OptimizerConfig& config, const std::vector<ParameterGroup<T>>& groups)
       : context_(context), config_(config), groups_(groups) {
@@ -51,8 +67,16 @@ class AdamW {
     for (const auto& g : groups_) total += g.count;
     m_ = context_.template allocate<Flat>(total);
     v_ = context_.template allocate<Flat>(total);
-    Kokkos::deep_copy(context_.exec(), m_.view(), T(0));
-    Kokkos::deep_copy(context_.exec(), v_.view(), T(0));
+    Kokkos::deep_copy(context_.exec(), m_.view(), Accumulate(0));
+    Kokkos::deep_copy(context_.exec(), v_.view(), Accumulate(0));
+    if constexpr (keeps_master_weights) {
+      master_ = context_.template allocate<Flat>(total);
+      std::size_t offset = 0;
+      for (const auto& g : groups_) {
+        detail::convert(context_.exec(), g.values, master_.data() + offset, g.count);
+        offset += g.count;
+      }
+    }
   }
   AdamW(const OptimizerConfig& config, const std::vector<ParameterGroup<T>>& groups)
       : AdamW(Context(), config, groups) {}
@@ -61,7 +85,7 @@ class AdamW {
   double gradient_norm() const {
     double squares = 0;
     for (const auto& g : groups_) {
-      const T* grad = g.gradients;
+      const Accumulate* grad = g.gradients;
       double sum = 0;
       Kokkos::parallel_reduce(
           "longattn::train::gradient_norm", Kokkos::RangePolicy<ExecSpace>(context_.exec(), 0, std::int64_t(g.count)),
@@ -71,29 +95,37 @@ class AdamW {
     return std::sqrt(squares);
   }
 
-  // One update at learning rate lr; returns the gradient norm before clipping.
-  double step(double lr) {
-    require(lr >= 0 && std::isfinite(lr), "longattn::train::AdamW::step", "lr", lr, "a finite learning rate >= 0");
-    const double norm = gradient_norm();
-    const double scale = config_.clip > 0 && norm > config_.clip ? config_.clip / norm : 1.0;
+  // One update at learning rate lr of gradients that carry a factor loss_scale; returns the
+  // gradient norm before clipping (without the factor). A non-finite norm updates nothing.
+  double step(double lr, double loss_scale = 1) {
+    const char* where = "longattn::train::AdamW::step";
+    require(lr >= 0 && std::isfinite(lr), where, "lr", lr, "a finite learning rate >= 0");
+    require(loss_scale > 0 && std::isfinite(loss_scale), where, "loss_scale", loss_scale, "a positive finite factor");
+    const double norm = gradient_norm() / loss_scale;
+    if (!std::isfinite(norm)) return norm;
+    const double clip = config_.clip > 0 && norm > config_.clip ? config_.clip / norm : 1.0;
     ++steps_;
-    const T b1 = T(config_.beta1), b2 = T(config_.beta2), eps = T(config_.eps), g_scale = T(scale), rate = T(lr);
-    const T c1 = T(1 / (1 - std::pow(config_.beta1, double(steps_))));
-    const T c2 = T(1 / (1 - std::pow(config_.beta2, double(steps_))));
+    using A = Accumulate;
+    const A b1 = A(config_.beta1), b2 = A(config_.beta2), eps = A(config_.eps), g_scale = A(clip / loss_scale),
+            rate = A(lr);
+    const A c1 = A(1 / (1 - std::pow(config_.beta1, double(steps_))));
+    const A c2 = A(1 / (1 - std::pow(config_.beta2, double(steps_))));
     std::size_t offset = 0;
     for (const auto& g : groups_) {
-      T* w = g.values;
-      const T* grad = g.gradients;
-      T* m = m_.data() + offset;
-      T* v = v_.data() + offset;
-      const T decay = g.decay ? T(config_.weight_decay) : T(0);
+      T* values = g.values;
+      A* w = values_or_master(g, offset);
+      const A* grad = g.gradients;
+      A* m = m_.data() + offset;
+      A* v = v_.data() + offset;
+      const A decay = g.decay ? A(config_.weight_decay) : A(0);
       Kokkos::parallel_for(
           "longattn::train::adamw", Kokkos::RangePolicy<ExecSpace>(context_.exec(), 0, std::int64_t(g.count)),
           KOKKOS_LAMBDA(std::int64_t i) {
-            const T gi = grad[i] * g_scale;
-            m[i] = b1 * m[i] + (T(1) - b1) * gi;
-            v[i] = b2 * v[i] + (T(1) - b2) * gi * gi;
+            const A gi = grad[i] * g_scale;
+            m[i] = b1 * m[i] + (A(1) - b1) * gi;
+            v[i] = b2 * v[i] + (A(1) - b2) * gi * gi;
             w[i] -= rate * (m[i] * c1 / (math::sqrt(v[i] * c2) + eps) + decay * w[i]);
+            if (keeps_master_weights) values[i] = T(w[i]);  // not if constexpr: nvcc refuses a first capture there
           });
       offset += g.count;
     }
@@ -101,17 +133,37 @@ class AdamW {
     return norm;
   }
 
-  // State for checkpoints: the moments and the update count.
+  // State for checkpoints: the moments and the update count; with 16-bit parameters the master
+  // weights (in the groups' order), which master_weights_changed() writes back rounded into the parameters.
   const Flat& first_moment() const { return m_.view(); }
   const Flat& second_moment() const { return v_.view(); }
+  const Flat& master_weights() const {
+    static_assert(keeps_master_weights, "AdamW::master_weights: for 16-bit parameters only");
+    return master_.view();
+  }
+  void master_weights_changed() {
+    static_assert(keeps_master_weights, "AdamW::master_weights_changed: for 16-bit parameters only");
+    std::size_t offset = 0;
+    for (const auto& g : groups_) {
+      detail::convert(context_.exec(), master_.data() + offset, g.values, g.count);
+      offset += g.count;
+    }
+    context_.exec().fence();
+  }
   std::int64_t steps() const { return steps_; }
   void set_steps(std::int64_t steps) { steps_ = steps; }
 
  private:
+  Accumulate* values_or_master(const ParameterGroup<T>& g, std::size_t offset) const {
+    if constexpr (keeps_master_weights)
+      return master_.data() + offset;
+    else
+      return g.values;
+  }
   Context context_;
   OptimizerConfig config_;
   std::vector<ParameterGroup<T>> groups_;
-  memory::PooledView<Flat> m_, v_;
+  memory::PooledView<Flat> m_, v_, master_;  // master_: 16-bit parameters only
   std::int64_t steps_ = 0;
 };
 

@@ -4,9 +4,10 @@
 //   world of W ranks = dp x cp:  rank r is context rank r % cp of data-parallel group r / cp
 //   each step: the global batch (`batch` sequences) is split over the dp groups; a context group
 //   splits each of its sequences' tokens over its cp ranks, whose attention is ring attention
-//   (or distributed dilated attention); every rank's parameter gradients are summed over the
-//   world by the bucketed hierarchical all-reduce, overlapped with backward; every rank then
-//   takes the same AdamW step.
+//   (or distributed dilated attention); a rank runs its batch / dp sequences as micro-batches of
+//   `micro_batch` sequences, forward and backward each, accumulating gradients; during the last
+//   micro-batch's backward every rank's parameter gradients are summed over the world by the
+//   bucketed hierarchical all-reduce; every rank then takes the same AdamW step.
 //
 // The loss is the mean over the global batch's weighted tokens whatever dp and cp are, so a run
 // gives the same losses on any grid (up to rounding). The model, its gradients and the
@@ -28,12 +29,31 @@
 
 namespace longattn::train {
 
+// The training precision: fp32; or 16-bit parameters, activations and attention (bf16: float's
+// range; fp16: IEEE half, with dynamic loss scaling) with fp32 gradients, master weights and
+// AdamW moments.
+enum class Precision { fp32, bf16, fp16 };
+const char* to_string(Precision precision);
+// "fp32", "bf16" or "fp16"; throws longattn::Error naming `option` otherwise.
+Precision parse_precision(const std::string& text, const char* option = "precision");
+
+// fp16's dynamic loss scaling: the loss (so every gradient) is multiplied by `initial`; a step
+// whose gradients overflow is skipped and the scale halved; after `window` good steps in a row
+// it doubles.
+struct LossScaleConfig {
+  double initial = 65536;
+  int window = 2000;
+};
+
 struct TrainConfig {
   ModelConfig model;
   DataConfig data;
   OptimizerConfig optimizer;
+  Precision precision = Precision::fp32;
+  LossScaleConfig loss_scale;       // fp16 only
   int steps = 60;                   // the schedule's length
   std::int64_t batch = 16;          // sequences per step, over all data-parallel groups
+  std::int64_t micro_batch = 0;     // sequences per forward/backward on a rank; 0: all its batch / dp
   int cp = 1;                       // context-parallel ranks per sequence; dp = ranks / cp
   std::uint64_t data_seed = 1;      // the train and validation batches
   int eval_every = 20;              // steps between validation losses (0: only at the end)
@@ -54,7 +74,10 @@ struct StepRecord {
   double loss = 0, lr = 0, gradient_norm = 0, seconds = 0;
   double tokens_per_second = 0, gflops = 0, peak_fraction = 0;
   double communication_share = 0;  // waiting for all-reduces and ring transfers, of the step
-  std::size_t memory_bytes = 0;    // the memory pool's high-water mark, largest over ranks
+  double loss_scale = 1;           // fp16: the scale this step's gradients carried
+  bool skipped = false;            // fp16: the gradients overflowed; no update
+  std::size_t memory_bytes = 0;    // the memory pool's high-water mark, largest over ranks (minus
+                                   // model_state_bytes and bucket_bytes: activations and workspaces)
 };
 
 struct EvalRecord {
@@ -64,7 +87,10 @@ struct EvalRecord {
 
 struct TrainResult {
   int dp = 1, cp = 1, first_step = 1;  // first_step > 1: resumed
+  std::int64_t micro_batches = 1;      // per step on each rank
   std::size_t parameters = 0;
+  std::size_t model_state_bytes = 0;   // parameters, their gradients and AdamW's moments, per rank
+  std::size_t bucket_bytes = 0;        // the gradient all-reduce's buffers, per rank
   double flops_per_step = 0, peak_gflops = 0;
   std::vector<StepRecord> steps;
   std::vector<EvalRecord> evals;
@@ -72,7 +98,8 @@ struct TrainResult {
 };
 
 // Collective over `world`. Rank 0 prints to `log` (nullptr: nothing). Built for
-// Kokkos::DefaultExecutionSpace (src/trainer.cpp).
+// Kokkos::DefaultExecutionSpace (src/trainer.cpp), the model in float, bfloat16 or float16 as
+// config.precision says.
 template <class ExecSpace = Kokkos::DefaultExecutionSpace>
 TrainResult run_training(const TrainConfig& config, const parallel::Communicator& world, std::ostream* log);
 

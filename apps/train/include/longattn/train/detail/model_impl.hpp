@@ -27,34 +27,40 @@ void embed_forward(const ExecSpace& exec, const Ids& inputs, const Positions& po
   Kokkos::parallel_for(
       "longattn::train::embed_forward", RangeOf<ExecSpace>(exec, 0, std::int64_t(x.extent(0)) * E),
       KOKKOS_LAMBDA(std::int64_t i) {
+        using T = typename Matrix::non_const_value_type;
+        using A = accumulate_t<T>;
         const std::int64_t r = i / E, e = i % E;
-        x(r, e) = tok(inputs(r / n, r % n), e) + pos(positions(r % n), e);
+        x(r, e) = T(A(tok(inputs(r / n, r % n), e)) + A(pos(positions(r % n), e)));
       });
 }
 
 // The embeddings' gradients: one thread per column e walks the rows in order, so the sums are
 // the same on every run (no atomics).
-template <class ExecSpace, class Ids, class Positions, class Matrix>
+template <class ExecSpace, class Ids, class Positions, class Matrix, class GradientMatrix>
 void embed_backward(const ExecSpace& exec, const Ids& inputs, const Positions& positions, const Matrix& dx,
-                    const Matrix& dtok, const Matrix& dpos) {
+                    const GradientMatrix& dtok, const GradientMatrix& dpos) {
   const std::int64_t R = dx.extent(0), n = inputs.extent(1);
   Kokkos::parallel_for(
       "longattn::train::embed_backward", Kokkos::RangePolicy<ExecSpace>(exec, 0, int(dx.extent(1))),
       KOKKOS_LAMBDA(int e) {
+        using A = typename GradientMatrix::non_const_value_type;
         for (std::int64_t r = 0; r < R; ++r) {
-          dtok(inputs(r / n, r % n), e) += dx(r, e);
-          dpos(positions(r % n), e) += dx(r, e);
+          dtok(inputs(r / n, r % n), e) += A(dx(r, e));
+          dpos(positions(r % n), e) += A(dx(r, e));
         }
       });
 }
 
 // y += x (the residual connections). Rows outer, columns inner: the inner loop vectorizes.
+// Elementwise kernels compute in A = accumulate_t<T> (float for 16-bit T) and round once.
 template <class ExecSpace, class Matrix>
 void add_into(const ExecSpace& exec, const Matrix& y, const Matrix& x) {
+  using T = typename Matrix::non_const_value_type;
+  using A = accumulate_t<T>;
   const int cols = int(y.extent(1));
   Kokkos::parallel_for(
       "longattn::train::add_into", RangeOf<ExecSpace>(exec, 0, std::int64_t(y.extent(0))), KOKKOS_LAMBDA(std::int64_t r) {
-        for (int c = 0; c < cols; ++c) y(r, c) += x(r, c);
+        for (int c = 0; c < cols; ++c) y(r, c) = T(A(y(r, c)) + A(x(r, c)));
       });
 }
 
@@ -69,10 +75,15 @@ KOKKOS_INLINE_FUNCTION T gelu_sigmoid(T u) {  // sigmoid(2a)
 
 template <class ExecSpace, class Matrix>
 void gelu_forward(const ExecSpace& exec, const Matrix& u, const Matrix& g) {
+  using T = typename Matrix::non_const_value_type;
+  using A = accumulate_t<T>;
   const int cols = int(u.extent(1));
   Kokkos::parallel_for(
       "longattn::train::gelu_forward", RangeOf<ExecSpace>(exec, 0, std::int64_t(u.extent(0))), KOKKOS_LAMBDA(std::int64_t r) {
-        for (int c = 0; c < cols; ++c) g(r, c) = u(r, c) * gelu_sigmoid(u(r, c));
+        for (int c = 0; c < cols; ++c) {
+          const A x = A(u(r, c));
+          g(r, c) = T(x * gelu_sigmoid(x));
+        }
       });
 }
 
@@ -80,40 +91,42 @@ void gelu_forward(const ExecSpace& exec, const Matrix& u, const Matrix& g) {
 template <class ExecSpace, class Matrix>
 void gelu_backward(const ExecSpace& exec, const Matrix& u, const Matrix& d) {
   using T = typename Matrix::non_const_value_type;
+  using A = accumulate_t<T>;
   const int cols = int(u.extent(1));
   Kokkos::parallel_for(
       "longattn::train::gelu_backward", RangeOf<ExecSpace>(exec, 0, std::int64_t(u.extent(0))), KOKKOS_LAMBDA(std::int64_t r) {
         for (int c = 0; c < cols; ++c) {
-          const T x = u(r, c), s = gelu_sigmoid(x);
-          const T da = T(0.7978845608028654) * (T(1) + T(3 * 0.044715) * x * x);
-          d(r, c) *= s + x * s * (T(1) - s) * T(2) * da;
+          const A x = A(u(r, c)), s = gelu_sigmoid(x);
+          const A da = A(0.7978845608028654) * (A(1) + A(3 * 0.044715) * x * x);
+          d(r, c) = T(A(d(r, c)) * (s + x * s * (A(1) - s) * A(2) * da));
         }
       });
 }
 
 // Returns sum_r w_r (logsumexp(logits_r) - logits_r[target_r]) and overwrites the logits with
-// the loss's gradient divided by `normalizer`: w_r (softmax_r - onehot(target_r)) / normalizer.
+// the loss's gradient times `scale`: w_r (softmax_r - onehot(target_r)) scale (computed in A).
 template <class ExecSpace, class Matrix, class Ids, class Weights>
 double cross_entropy(const ExecSpace& exec, const Matrix& logits, const Ids& targets, const Weights& weights,
-                     double normalizer) {
+                     double scale) {
   using T = typename Matrix::non_const_value_type;
+  using A = accumulate_t<T>;
   const int V = int(logits.extent(1));
   const std::int64_t n = targets.extent(1);
-  const T inverse = T(1.0 / normalizer);
+  const A inverse = A(scale);
   double loss = 0;
   Kokkos::parallel_reduce(
       "longattn::train::cross_entropy", RangeOf<ExecSpace>(exec, 0, std::int64_t(logits.extent(0))),
       KOKKOS_LAMBDA(std::int64_t r, double& sum) {
         const int target = targets(r / n, r % n);
-        const T w = weights(r / n, r % n);
-        T max = logits(r, 0);
-        for (int v = 1; v < V; ++v) max = logits(r, v) > max ? logits(r, v) : max;
-        T total = 0;
-        for (int v = 0; v < V; ++v) total += math::exp(logits(r, v) - max);
-        const T lse = max + math::log(total);
-        sum += double(w) * double(lse - logits(r, target));
+        const A w = A(weights(r / n, r % n));
+        A max = A(logits(r, 0));
+        for (int v = 1; v < V; ++v) max = A(logits(r, v)) > max ? A(logits(r, v)) : max;
+        A total = 0;
+        for (int v = 0; v < V; ++v) total += math::exp(A(logits(r, v)) - max);
+        const A lse = max + math::log(total);
+        sum += double(w) * double(lse - A(logits(r, target)));
         for (int v = 0; v < V; ++v)
-          logits(r, v) = w * inverse * (math::exp(logits(r, v) - lse) - (v == target ? T(1) : T(0)));
+          logits(r, v) = T(w * inverse * (math::exp(A(logits(r, v)) - lse) - (v == target ? A(1) : A(0))));
       },
       loss);
   return loss;
@@ -141,6 +154,16 @@ inline double attention_scores(const AttentionSpec& attention, std::int64_t N, i
 
 }  // namespace detail
 
+inline const char* to_string(Recompute recompute) {
+  return recompute == Recompute::none ? "none" : recompute == Recompute::selective ? "selective" : "full";
+}
+
+inline Recompute parse_recompute(const std::string& text, const char* option) {
+  for (const Recompute r : {Recompute::none, Recompute::selective, Recompute::full})
+    if (text == to_string(r)) return r;
+  throw_invalid_argument("longattn-train", option, "\"" + text + "\"", "one of none, selective, full");
+}
+
 inline void validate(const ModelConfig& c) {
   const char* where = "longattn::train::ModelConfig";
   require(c.layers >= 1 && c.layers <= 1024, where, "layers", c.layers, "a count in [1, 1024]");
@@ -162,12 +185,12 @@ void Transformer<ExecSpace, T>::initialize(std::uint64_t seed) {
   auto fill_normal = [&](std::size_t at, std::size_t count, double scale) {
     for (std::size_t i = 0; i < count; ++i) host(at + i) = T(normal(rng) * scale);
   };
-  auto fill = [&](std::size_t at, std::size_t count, T value) {
-    for (std::size_t i = 0; i < count; ++i) host(at + i) = value;
+  auto fill = [&](std::size_t at, std::size_t count, double value) {
+    for (std::size_t i = 0; i < count; ++i) host(at + i) = T(value);
   };
   auto fill_norm = [&](std::size_t at) {
-    fill(at, E, T(1));
-    fill(at + E, E, T(0));
+    fill(at, E, 1);
+    fill(at + E, E, 0);
   };
   fill_normal(embedding_.tokens, V * E, 1);
   fill_normal(embedding_.positions, N * E, 1);
@@ -175,13 +198,13 @@ void Transformer<ExecSpace, T>::initialize(std::uint64_t seed) {
     fill_norm(b.ln1);
     fill_norm(b.ln2);
     fill_normal(b.w1, F * E, 1);
-    fill(b.b1, F, T(0));
+    fill(b.b1, F, 0);
     fill_normal(b.w2, E * F, 1 / std::sqrt(2.0 * config_.layers));
-    fill(b.b2, E, T(0));
+    fill(b.b2, E, 0);
   }
   fill_norm(head_.ln);
   fill_normal(head_.w, V * E, 1);
-  fill(head_.b, V, T(0));
+  fill(head_.b, V, 0);
   Kokkos::deep_copy(context_.exec(), values_.view(), host);
   context_.exec().fence();  // host is freed on return
 }
@@ -225,23 +248,47 @@ void Transformer<ExecSpace, T>::reserve(int batch, std::int64_t tokens) {
   auto rows = [&](std::size_t cols) {
     return context_.template allocate<typename Rows::view_type>(R, cols);
   };
+  for (Block& b : blocks_) {
+    release_activations(b);  // back to the pool before the new ones
+    b.attention->release_activations();
+    b.x = {};
+  }
+  x_final_ = h_final_ = logits_ = d_x_ = d_x2_ = d_h_ = d_hidden_ = {};
+  norm_final_ = {};
+  ones_ = {};
+  for (Block& b : blocks_) {
+    b.x = rows(E);
+    if (config_.recompute != Recompute::full) acquire_activations(b, R);
+  }
+  x_final_ = rows(E), h_final_ = rows(E), logits_ = rows(V);
+  d_x_ = rows(E), d_x2_ = rows(E), d_h_ = rows(E), d_hidden_ = rows(F);
+  norm_final_ = {context_.template allocate<typename Stats::view_type>(R),
+                 context_.template allocate<typename Stats::view_type>(R)};
+  ones_ = context_.template allocate<Kokkos::View<T*, memory_space>>(R);
+  Kokkos::deep_copy(context_.exec(), ones_.view(), T(1.0));
+  batch_ = batch;
+  tokens_ = tokens;
+}
+
+template <class ExecSpace, class T>
+void Transformer<ExecSpace, T>::acquire_activations(Block& b, std::size_t R) {
+  if (b.h1.size() > 0) return;  // held
+  const std::size_t E = config_.embed, F = config_.hidden();
+  auto rows = [&](std::size_t cols) {
+    return context_.template allocate<typename Rows::view_type>(R, cols);
+  };
   auto stats = [&] {
     return LayerNormStats{context_.template allocate<typename Stats::view_type>(R),
                           context_.template allocate<typename Stats::view_type>(R)};
   };
-  for (Block& b : blocks_) {
-    b.x = b.h1 = b.x2 = b.h2 = b.u = b.g = {};  // back to the pool before the new ones
-    b.x = rows(E), b.h1 = rows(E), b.x2 = rows(E), b.h2 = rows(E), b.u = rows(F), b.g = rows(F);
-    b.norm1 = stats(), b.norm2 = stats();
-  }
-  x_final_ = h_final_ = logits_ = d_x_ = d_x2_ = d_h_ = d_hidden_ = {};
-  x_final_ = rows(E), h_final_ = rows(E), logits_ = rows(V);
-  d_x_ = rows(E), d_x2_ = rows(E), d_h_ = rows(E), d_hidden_ = rows(F);
-  norm_final_ = stats();
-  ones_ = context_.template allocate<Kokkos::View<T*, memory_space>>(R);
-  Kokkos::deep_copy(context_.exec(), ones_.view(), T(1));
-  batch_ = batch;
-  tokens_ = tokens;
+  b.h1 = rows(E), b.x2 = rows(E), b.h2 = rows(E), b.u = rows(F), b.g = rows(F);
+  b.norm1 = stats(), b.norm2 = stats();
+}
+
+template <class ExecSpace, class T>
+void Transformer<ExecSpace, T>::release_activations(Block& b) {
+  b.h1 = b.x2 = b.h2 = b.u = b.g = {};
+  b.norm1 = b.norm2 = {};
 }
 
 template <class ExecSpace, class T>
@@ -249,7 +296,7 @@ void Transformer<ExecSpace, T>::linear_forward(const Matrix& x, std::size_t w, s
   const std::size_t in = x.extent(1), out = y.extent(1);
   const ExecSpace& exec = context_.exec();
   broadcast_rows(exec, vector(values_, b, out), y);
-  gemm(exec, "N", "T", T(1), x, matrix(values_, w, out, in), T(1), y);
+  gemm(context_, "N", "T", Accumulate(1), x, matrix(values_, w, out, in), Accumulate(1), y);
 }
 
 template <class ExecSpace, class T>
@@ -258,8 +305,8 @@ void Transformer<ExecSpace, T>::linear_backward(const Matrix& x, const Matrix& d
   const std::size_t in = x.extent(1), out = dy.extent(1);
   const ExecSpace& exec = context_.exec();
   add_column_sums(exec, dy, ones_.view(), vector(gradients_, b, out));
-  gemm(exec, "T", "N", T(1), dy, x, T(1), matrix(gradients_, w, out, in));
-  gemm(exec, "N", "N", T(1), dy, matrix(values_, w, out, in), T(0), dx);
+  gemm(context_, "T", "N", Accumulate(1), dy, x, Accumulate(1), matrix(gradients_, w, out, in));
+  gemm(context_, "N", "N", Accumulate(1), dy, matrix(values_, w, out, in), Accumulate(0), dx);
 }
 
 template <class ExecSpace, class T>
@@ -279,7 +326,7 @@ void Transformer<ExecSpace, T>::norm_backward(const Matrix& dy, const Matrix& x,
 }
 
 template <class ExecSpace, class T>
-double Transformer<ExecSpace, T>::forward(const Batch& batch, double normalizer) {
+double Transformer<ExecSpace, T>::forward(const Batch& batch, double normalizer, double loss_scale) {
   const char* where = "longattn::train::Transformer::forward";
   const std::int64_t B = batch.inputs.extent(0), n = batch.inputs.extent(1);
   require(B >= 1 && n >= 1, where, "batch.inputs' extents", std::to_string(B) + " x " + std::to_string(n),
@@ -290,28 +337,41 @@ double Transformer<ExecSpace, T>::forward(const Batch& batch, double normalizer)
               batch.weights.extent(0) == batch.inputs.extent(0) && batch.weights.extent(1) == batch.inputs.extent(1),
           where, "batch.targets / batch.weights", "other extents", "the extents of batch.inputs");
   require(normalizer > 0, where, "normalizer", normalizer, "a positive token count");
+  require(loss_scale > 0 && std::isfinite(loss_scale), where, "loss_scale", loss_scale, "a positive finite factor");
   reserve(int(B), n);
   batch_data_ = batch;
-  normalizer_ = normalizer;
   const ExecSpace& exec = context_.exec();
   const std::size_t E = config_.embed, V = ModelConfig::vocab, N = config_.context;
   detail::embed_forward(exec, batch.inputs, batch.positions, matrix(values_, embedding_.tokens, V, E),
                         matrix(values_, embedding_.positions, N, E), rows(blocks_[0].x));
+  const bool full = config_.recompute == Recompute::full;
   for (std::size_t l = 0; l < blocks_.size(); ++l) {
     Block& b = blocks_[l];
-    norm_forward(rows(b.x), b.ln1, rows(b.h1), b.norm1);
-    b.attention->forward(tokens3(b.h1), tokens3(b.x2));
-    detail::add_into(exec, rows(b.x2), rows(b.x));
-    norm_forward(rows(b.x2), b.ln2, rows(b.h2), b.norm2);
-    linear_forward(rows(b.h2), b.w1, b.b1, rows(b.u));
-    detail::gelu_forward(exec, rows(b.u), rows(b.g));
     const Matrix next = l + 1 < blocks_.size() ? rows(blocks_[l + 1].x) : rows(x_final_);
-    linear_forward(rows(b.g), b.w2, b.b2, next);
-    detail::add_into(exec, next, rows(b.x2));
+    if (full) acquire_activations(b, std::size_t(B) * n);
+    block_forward(b, &next);
+    if (full && l + 1 < blocks_.size()) {  // the last block's stay: backward starts with it
+      release_activations(b);
+      b.attention->release_activations();
+    }
   }
   norm_forward(rows(x_final_), head_.ln, rows(h_final_), norm_final_);
   linear_forward(rows(h_final_), head_.w, head_.b, rows(logits_));
-  return detail::cross_entropy(exec, rows(logits_), batch.targets, batch.weights, normalizer) / normalizer;
+  return detail::cross_entropy(exec, rows(logits_), batch.targets, batch.weights, loss_scale / normalizer) / normalizer;
+}
+
+template <class ExecSpace, class T>
+void Transformer<ExecSpace, T>::block_forward(Block& b, const Matrix* next) {
+  const ExecSpace& exec = context_.exec();
+  norm_forward(rows(b.x), b.ln1, rows(b.h1), b.norm1);
+  b.attention->forward(tokens3(b.h1), tokens3(b.x2));
+  detail::add_into(exec, rows(b.x2), rows(b.x));
+  norm_forward(rows(b.x2), b.ln2, rows(b.h2), b.norm2);
+  linear_forward(rows(b.h2), b.w1, b.b1, rows(b.u));
+  detail::gelu_forward(exec, rows(b.u), rows(b.g));
+  if (!next) return;
+  linear_forward(rows(b.g), b.w2, b.b2, *next);
+  detail::add_into(exec, *next, rows(b.x2));
 }
 
 template <class ExecSpace, class T>
@@ -332,8 +392,13 @@ void Transformer<ExecSpace, T>::backward(const std::function<void(int)>& ready) 
   linear_backward(rows(h_final_), rows(logits_), head_.w, head_.b, rows(d_h_));
   norm_backward(rows(d_h_), rows(x_final_), head_.ln, norm_final_, rows(d_x_));
   finish(3);
+  const bool full = config_.recompute == Recompute::full;
   for (std::size_t l = blocks_.size(); l-- > 0;) {
     Block& b = blocks_[l];
+    if (full && b.h1.size() == 0) {  // this block's activations again, from its input
+      acquire_activations(b, std::size_t(batch_) * tokens_);
+      block_forward(b, nullptr);
+    }
     // d_x: the gradient of the block's output x2 + MLP(LN(x2)).
     linear_backward(rows(b.g), rows(d_x_), b.w2, b.b2, rows(d_hidden_));
     detail::gelu_backward(exec, rows(b.u), rows(d_hidden_));
@@ -344,6 +409,10 @@ void Transformer<ExecSpace, T>::backward(const std::function<void(int)>& ready) 
     b.attention->backward(tokens3(d_x2_), tokens3(d_h_));
     norm_backward(rows(d_h_), rows(b.x), b.ln1, b.norm1, rows(d_x_));
     detail::add_into(exec, rows(d_x_), rows(d_x2_));
+    if (full) {
+      release_activations(b);
+      b.attention->release_activations();
+    }
     finish(6);
   }
   detail::embed_backward(exec, batch_data_.inputs, batch_data_.positions, rows(d_x_),
