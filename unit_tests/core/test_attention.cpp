@@ -13,6 +13,7 @@
 
 #include "execution_spaces.hpp"
 #include "longattn/core/attention.hpp"
+#include "longattn/core/convert.hpp"
 #include "longattn/core/merge_partial.hpp"
 #include "reference/attention.hpp"
 #include "reference/random.hpp"
@@ -340,6 +341,93 @@ TEMPLATE_LIST_TEST_CASE("attention over [K1; K2] equals merge_partial of attenti
     CHECK(relative_error(to_host(o1), to_host(o)) <= tolerance<float>());
     CHECK(relative_error(to_host(lse1), to_host(lse)) <= tolerance<float>());
   }
+}
+
+TEMPLATE_LIST_TEST_CASE("16-bit partial results merged into a float accumulator round once, at the end",
+                        "[core][attention][merge][half]", longattn::test::ExecutionSpaces) {
+  using Memory = typename TestType::memory_space;
+  using longattn::bfloat16;
+  const TestType exec;
+  std::mt19937_64 rng(longattn::test::test_seed());
+  const int B = 1, Nq = 67, Nk = 150, H = 2, D = 24, shards = 3;
+  for (bool causal : {false, true}) {
+    const Shape s{B, Nq, Nk, H, D, 90, 0};
+    INFO(describe(s, causal) << ", " << shards << " key shards");
+    const auto q = to_device<bfloat16, Memory>(random_tensor<bfloat16>(B, Nq, H, D, rng));
+    const auto k = to_device<bfloat16, Memory>(random_tensor<bfloat16>(B, Nk, H, D, rng));
+    const auto v = to_device<bfloat16, Memory>(random_tensor<bfloat16>(B, Nk, H, D, rng));
+    Kokkos::View<bfloat16****, Memory> o("o", B, Nq, H, D), part("part", B, Nq, H, D), o16("o16", B, Nq, H, D);
+    Kokkos::View<float****, Memory> wide("wide", B, Nq, H, D);
+    Kokkos::View<float***, Memory> lse("lse", B, H, Nq), lse_part("lse part", B, H, Nq), lse_all("lse all", B, H, Nq);
+    longattn::attention_forward(exec, q, k, v, o, lse, options(s, causal));
+    Kokkos::deep_copy(lse_all, -std::numeric_limits<float>::infinity());
+    for (int i = 0; i < shards; ++i) {  // 50 keys each: the first shard is all some causal rows see
+      const auto keys = std::make_pair(50 * i, 50 * (i + 1));
+      auto opts = options(s, causal);
+      opts.key_offset += 50 * i;
+      longattn::attention_forward(exec, q, Kokkos::subview(k, Kokkos::ALL, keys, Kokkos::ALL, Kokkos::ALL),
+                                  Kokkos::subview(v, Kokkos::ALL, keys, Kokkos::ALL, Kokkos::ALL), part, lse_part, opts);
+      longattn::merge_partial(exec, wide, lse_all, part, lse_part);
+    }
+    longattn::convert(exec, wide, o16);
+    exec.fence();
+    CHECK(relative_error(to_host(o16), to_host(o)) <= tolerance<bfloat16>());
+    CHECK(relative_error(to_host(lse_all), to_host(lse)) <= tolerance<float>());
+  }
+  // o holds o_part's type or, for a 16-bit part, float.
+  Kokkos::View<double****, Memory> o64("o64", 1, 4, 1, 8);
+  Kokkos::View<float****, Memory> o32("o32", 1, 4, 1, 8);
+  Kokkos::View<double***, Memory> lse64("lse64", 1, 1, 4);
+  Kokkos::View<float***, Memory> lse32("lse32", 1, 1, 4);
+  CHECK_THROWS_WITH(longattn::merge_partial(exec, o32, lse64, o64, lse64),
+                    Catch::Contains("'o's value type' is float, expected double (o_part's)"));
+  Kokkos::View<bfloat16****, Memory> part16("part16", 1, 4, 1, 8);
+  CHECK_THROWS_WITH(longattn::merge_partial(exec, o64, lse32, part16, lse32),
+                    Catch::Contains("'o's value type' is double, expected bfloat16 (o_part's) or float"));
+}
+
+TEMPLATE_LIST_TEST_CASE("convert changes value types element by element, any rank and layout",
+                        "[core][convert][half]", longattn::test::ExecutionSpaces) {
+  using Memory = typename TestType::memory_space;
+  const TestType exec;
+  // Every float16 bit pattern that is a number: to float and back is the identity; to bfloat16
+  // and back to float16 rounds once (to nearest even), as the scalar conversion does.
+  Kokkos::View<longattn::float16*, Memory> halves("halves", 65536), back("back", 65536);
+  Kokkos::View<float*, Memory> floats("floats", 65536);
+  Kokkos::View<longattn::bfloat16*, Memory> brains("brains", 65536);
+  auto host = Kokkos::create_mirror_view(halves);
+  for (std::uint32_t b = 0; b < 65536; ++b) host(b) = longattn::float16::from_bits(std::uint16_t(b));
+  Kokkos::deep_copy(halves, host);
+  longattn::convert(exec, halves, floats);
+  longattn::convert(exec, floats, back);
+  longattn::convert(exec, halves, brains);
+  const auto same = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), back);
+  const auto as_float = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), floats);
+  const auto as_brain = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), brains);
+  bool identity = true, rounded = true;
+  for (std::uint32_t b = 0; b < 65536; ++b) {
+    if (std::isnan(float(host(b)))) continue;
+    identity = identity && same(b).bits == host(b).bits && as_float(b) == float(host(b));
+    rounded = rounded && as_brain(b).bits == longattn::bfloat16(float(host(b))).bits;
+  }
+  CHECK(identity);
+  CHECK(rounded);
+  // Rank 4, a token range of a larger view (strided, not contiguous) into a contiguous view.
+  Kokkos::View<double****, Memory> wide("wide", 2, 10, 3, 4);
+  Kokkos::View<float****, Memory> narrow("narrow", 2, 5, 3, 4);
+  auto wide_host = Kokkos::create_mirror_view(wide);
+  for (std::size_t i = 0; i < wide.size(); ++i) wide_host.data()[i] = 0.1 * double(i) - 7;
+  Kokkos::deep_copy(wide, wide_host);
+  longattn::convert(exec, Kokkos::subview(wide, Kokkos::ALL, std::make_pair(3, 8), Kokkos::ALL, Kokkos::ALL), narrow);
+  const auto narrow_host = to_host(narrow);
+  bool copied = true;
+  for (int b = 0; b < 2; ++b)
+    for (int t = 0; t < 5; ++t)
+      for (int h = 0; h < 3; ++h)
+        for (int d = 0; d < 4; ++d) copied = copied && narrow_host(b, t, h, d) == float(wide_host(b, t + 3, h, d));
+  CHECK(copied);
+  CHECK_THROWS_WITH(longattn::convert(exec, wide, narrow),
+                    Catch::Contains("argument 'to's extents' is [2, 5, 3, 4], expected [2, 10, 3, 4] (the extents of from)"));
 }
 
 TEMPLATE_LIST_TEST_CASE("accumulate_output continues the softmax in the kernel: [K1; K2] in two passes",

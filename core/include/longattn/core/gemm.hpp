@@ -20,6 +20,7 @@
 #include <type_traits>
 
 #include "longattn/checks.hpp"
+#include "longattn/core/convert.hpp"
 #include "longattn/core/execution_context.hpp"
 #include "longattn/core/half.hpp"
 #include "longattn/error.hpp"
@@ -91,13 +92,7 @@ memory::PooledView<FloatMatrix<ExecSpace>> widened(const ExecutionContext<ExecSp
                                                    bool copy) {
   using Float = FloatMatrix<ExecSpace>;
   auto wide = ctx.template allocate<Float>(view.extent(0), view.extent(1));
-  const Float out = wide.view();
-  if (copy)
-    Kokkos::parallel_for(
-        "longattn::gemm::widen",
-        Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>, Kokkos::IndexType<std::int64_t>>(
-            ctx.exec(), {0, 0}, {std::int64_t(view.extent(0)), std::int64_t(view.extent(1))}),
-        KOKKOS_LAMBDA(std::int64_t i, std::int64_t j) { out(i, j) = float(view(i, j)); });
+  if (copy) convert(ctx.exec(), view, wide.view());
   return wide;
 }
 }  // namespace detail
@@ -125,12 +120,7 @@ void gemm(const ExecutionContext<ExecSpace>& ctx, const char* trans_a, const cha
       static_assert(CView::rank == 2, "longattn::gemm takes rank-2 views");
       const auto c32 = detail::widened(ctx, c, beta != 0.0f);
       gemm(ctx.exec(), trans_a, trans_b, alpha, a32.view(), b32.view(), beta, c32.view());
-      const auto wide = c32.view();
-      Kokkos::parallel_for(
-          "longattn::gemm::narrow",
-          Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>, Kokkos::IndexType<std::int64_t>>(
-              ctx.exec(), {0, 0}, {std::int64_t(c.extent(0)), std::int64_t(c.extent(1))}),
-          KOKKOS_LAMBDA(std::int64_t i, std::int64_t j) { c(i, j) = TC(wide(i, j)); });
+      convert(ctx.exec(), c32.view(), c);
     }
   }
 }

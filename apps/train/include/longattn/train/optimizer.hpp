@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "longattn/core/convert.hpp"
 #include "longattn/core/execution_context.hpp"
 #include "longattn/error.hpp"
 #include "longattn/kokkos_compat.hpp"
@@ -40,16 +41,6 @@ void validate(const OptimizerConfig& config);
 
 // The learning rate of step `step` (0-based) of `steps`.
 double learning_rate(const OptimizerConfig& config, int step, int steps);
-
-namespace detail {
-// to[i] = To(from[i]) for i < count, on exec.
-template <class ExecSpace, class From, class To>
-void convert(const ExecSpace& exec, const From* from, To* to, std::size_t count) {
-  Kokkos::parallel_for(
-      "longattn::train::convert", Kokkos::RangePolicy<ExecSpace>(exec, 0, std::int64_t(count)),
-      KOKKOS_LAMBDA(std::int64_t i) { to[i] = To(accumulate_t<From>(from[i])); });
-}
-}  // namespace detail
 
 template <class ExecSpace, class T>
 class AdamW {
@@ -73,7 +64,7 @@ class AdamW {
       master_ = context_.template allocate<Flat>(total);
       std::size_t offset = 0;
       for (const auto& g : groups_) {
-        detail::convert(context_.exec(), g.values, master_.data() + offset, g.count);
+        longattn::convert(context_.exec(), g.values, master_.data() + offset, g.count);
         offset += g.count;
       }
     }
@@ -145,7 +136,7 @@ class AdamW {
     static_assert(keeps_master_weights, "AdamW::master_weights_changed: for 16-bit parameters only");
     std::size_t offset = 0;
     for (const auto& g : groups_) {
-      detail::convert(context_.exec(), master_.data() + offset, g.values, g.count);
+      longattn::convert(context_.exec(), master_.data() + offset, g.values, g.count);
       offset += g.count;
     }
     context_.exec().fence();

@@ -6,7 +6,8 @@
 // view layout is instantiated from the header templates as before.
 //
 //   LONGATTN_ETI_FOR_EACH(TYPES, M) expands M(Space, Type) for each enabled space and each
-//   type of the list TYPES: LONGATTN_ETI_STORAGE_TYPES (float, double, bfloat16, float16).
+//   type of the list TYPES: LONGATTN_ETI_STORAGE_TYPES (float, double, bfloat16, float16) or
+//   LONGATTN_ETI_HALF_TYPES (bfloat16, float16).
 #pragma once
 
 #include <Kokkos_Core.hpp>
@@ -15,6 +16,7 @@
 
 #define LONGATTN_ETI_STORAGE_TYPES(M, SPACE) \
   M(SPACE, float) M(SPACE, double) M(SPACE, ::longattn::bfloat16) M(SPACE, ::longattn::float16)
+#define LONGATTN_ETI_HALF_TYPES(M, SPACE) M(SPACE, ::longattn::bfloat16) M(SPACE, ::longattn::float16)
 
 #ifdef KOKKOS_ENABLE_SERIAL
 #define LONGATTN_ETI_SERIAL(TYPES, M) TYPES(M, ::Kokkos::Serial)
