@@ -33,6 +33,8 @@ std::string to_string(DataType type) {
     case DataType::int32: return "int32";
     case DataType::int64: return "int64";
     case DataType::uint8: return "uint8";
+    case DataType::bfloat16: return "bfloat16";
+    case DataType::float16: return "float16";
   }
   return "?";
 }
@@ -44,6 +46,8 @@ std::size_t size_of(DataType type) {
     case DataType::int32: return 4;
     case DataType::int64: return 8;
     case DataType::uint8: return 1;
+    case DataType::bfloat16:
+    case DataType::float16: return 2;
   }
   return 0;
 }
@@ -58,6 +62,64 @@ void check_mpi(int code, const char* call) {
   throw Error(std::string("longattn::parallel: ") + call + " failed: " + text.data());
 }
 
+// MPI has no 16-bit floating types: bfloat16 and float16 travel as MPI types of our own (two
+// bytes), and their sums, maxima and minima are MPI operations of our own that compute in float
+// and round each result (as NCCL's reductions of these types round at each step). Made on first
+// use; freed as MPI_Finalize begins (an attribute of MPI_COMM_SELF).
+struct HalfTypes {
+  MPI_Datatype bfloat16 = MPI_DATATYPE_NULL, float16 = MPI_DATATYPE_NULL;
+  MPI_Op sum = MPI_OP_NULL, max = MPI_OP_NULL, min = MPI_OP_NULL;
+};
+HalfTypes half_types_made;
+
+template <class T, class Combine>
+void combine_elements(const void* in, void* inout, int count, Combine combine) {
+  const T* a = static_cast<const T*>(in);
+  T* b = static_cast<T*>(inout);
+  for (int i = 0; i < count; ++i) b[i] = T(combine(float(a[i]), float(b[i])));
+}
+template <class Combine>
+void combine_half(const void* in, void* inout, const int* count, const MPI_Datatype* type, Combine combine) {
+  if (*type == half_types_made.bfloat16) combine_elements<bfloat16>(in, inout, *count, combine);
+  else combine_elements<float16>(in, inout, *count, combine);
+}
+void half_sum(void* in, void* inout, int* count, MPI_Datatype* type) {
+  combine_half(in, inout, count, type, [](float a, float b) { return a + b; });
+}
+void half_max(void* in, void* inout, int* count, MPI_Datatype* type) {
+  combine_half(in, inout, count, type, [](float a, float b) { return a < b ? b : a; });
+}
+void half_min(void* in, void* inout, int* count, MPI_Datatype* type) {
+  combine_half(in, inout, count, type, [](float a, float b) { return b < a ? b : a; });
+}
+int free_half_types(MPI_Comm, int, void*, void*) {
+  HalfTypes& h = half_types_made;
+  for (MPI_Op* op : {&h.sum, &h.max, &h.min}) MPI_Op_free(op);
+  for (MPI_Datatype* t : {&h.bfloat16, &h.float16}) MPI_Type_free(t);
+  h = HalfTypes();
+  return MPI_SUCCESS;
+}
+const HalfTypes& half_types() {
+  static const bool made = [] {
+    HalfTypes& h = half_types_made;
+    for (MPI_Datatype* t : {&h.bfloat16, &h.float16}) {
+      check_mpi(MPI_Type_contiguous(1, MPI_UINT16_T, t), "MPI_Type_contiguous");
+      check_mpi(MPI_Type_commit(t), "MPI_Type_commit");
+    }
+    check_mpi(MPI_Op_create(half_sum, 1, &h.sum), "MPI_Op_create");
+    check_mpi(MPI_Op_create(half_max, 1, &h.max), "MPI_Op_create");
+    check_mpi(MPI_Op_create(half_min, 1, &h.min), "MPI_Op_create");
+    int key = MPI_KEYVAL_INVALID;
+    check_mpi(MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, free_half_types, &key, nullptr), "MPI_Comm_create_keyval");
+    check_mpi(MPI_Comm_set_attr(MPI_COMM_SELF, key, nullptr), "MPI_Comm_set_attr");
+    return true;
+  }();
+  (void)made;
+  return half_types_made;
+}
+
+bool is_half(DataType type) { return type == DataType::bfloat16 || type == DataType::float16; }
+
 MPI_Datatype mpi_type(DataType type) {
   switch (type) {
     case DataType::float32: return MPI_FLOAT;
@@ -65,11 +127,17 @@ MPI_Datatype mpi_type(DataType type) {
     case DataType::int32: return MPI_INT32_T;
     case DataType::int64: return MPI_INT64_T;
     case DataType::uint8: return MPI_UINT8_T;
+    case DataType::bfloat16: return half_types().bfloat16;
+    case DataType::float16: return half_types().float16;
   }
   return MPI_DATATYPE_NULL;
 }
 
-MPI_Op mpi_op(ReduceOp op) {
+MPI_Op mpi_op(ReduceOp op, DataType type) {
+  if (is_half(type)) {
+    const HalfTypes& h = half_types();
+    return op == ReduceOp::max ? h.max : op == ReduceOp::min ? h.min : h.sum;
+  }
   switch (op) {
     case ReduceOp::sum:
     case ReduceOp::average: return MPI_SUM;  // then scaled by 1 / size
@@ -83,21 +151,24 @@ MPI_Op mpi_op(ReduceOp op) {
 void check_buffers(const char* where, const void* send, const void* recv, std::size_t count, DataType type, ReduceOp op) {
   if (count > 0 && !send) throw_invalid_argument(where, "send", "nullptr", "a buffer of " + std::to_string(count) + " elements");
   if (count > 0 && !recv) throw_invalid_argument(where, "recv", "nullptr", "a buffer of " + std::to_string(count) + " elements");
-  if (op == ReduceOp::average && type != DataType::float32 && type != DataType::float64)
+  if (op == ReduceOp::average && type != DataType::float32 && type != DataType::float64 && !is_half(type))
     throw_invalid_argument(where, "op", "average of " + to_string(type),
-                           "sum, max or min for integers (average is for float and double)");
+                           "sum, max or min for integers (average is for floating-point types)");
 }
 
 // The average's last step: the sum divided by the group's size.
+template <class T>
+void scale_elements(void* data, std::size_t count, accumulate_t<T> factor) {
+  auto* v = static_cast<T*>(data);
+  for (std::size_t i = 0; i < count; ++i) v[i] = T(accumulate_t<T>(v[i]) * factor);
+}
 void scale(void* data, std::size_t count, DataType type, int ranks) {
-  if (type == DataType::float32) {
-    auto* v = static_cast<float*>(data);
-    const float f = 1.0f / float(ranks);
-    for (std::size_t i = 0; i < count; ++i) v[i] *= f;
-  } else {
-    auto* v = static_cast<double*>(data);
-    const double f = 1.0 / double(ranks);
-    for (std::size_t i = 0; i < count; ++i) v[i] *= f;
+  switch (type) {
+    case DataType::float32: return scale_elements<float>(data, count, 1.0f / float(ranks));
+    case DataType::float64: return scale_elements<double>(data, count, 1.0 / double(ranks));
+    case DataType::bfloat16: return scale_elements<bfloat16>(data, count, 1.0f / float(ranks));
+    case DataType::float16: return scale_elements<float16>(data, count, 1.0f / float(ranks));
+    default: return;  // integers are never averaged (check_buffers)
   }
 }
 
@@ -224,12 +295,12 @@ class HierarchicalStages final : public PendingOperation {
     const int mine = blocks_.counts[std::size_t(state_->local_rank)];
     switch (stage_) {
       case reduce_scatter_in_node:
-        check_mpi(MPI_Ireduce_scatter(send_, block, blocks_.counts.data(), t, mpi_op(op_), state_->staged_scatter,
+        check_mpi(MPI_Ireduce_scatter(send_, block, blocks_.counts.data(), t, mpi_op(op_, type_), state_->staged_scatter,
                                       &request_),
                   "MPI_Ireduce_scatter");
         break;
       case all_reduce_across_nodes:
-        check_mpi(MPI_Iallreduce(MPI_IN_PLACE, block, mine, t, mpi_op(op_), state_->staged_cross, &request_),
+        check_mpi(MPI_Iallreduce(MPI_IN_PLACE, block, mine, t, mpi_op(op_, type_), state_->staged_cross, &request_),
                   "MPI_Iallreduce");
         break;
       case all_gather_in_node:
@@ -478,7 +549,7 @@ void Communicator::all_reduce(const void* send, void* recv, std::size_t count, D
       const int n = int(std::min(detail::max_piece, count - first));
       auto* out = static_cast<char*>(recv) + first * bytes;
       const void* in = send == recv ? MPI_IN_PLACE : static_cast<const char*>(send) + first * bytes;
-      check_mpi(MPI_Allreduce(in, out, n, mpi_type(type), mpi_op(op), state_->comm), "MPI_Allreduce");
+      check_mpi(MPI_Allreduce(in, out, n, mpi_type(type), mpi_op(op, type), state_->comm), "MPI_Allreduce");
     }
     if (op == ReduceOp::average) detail::scale(recv, count, type, state_->size);
   });
@@ -502,9 +573,9 @@ void Communicator::hierarchical_all_reduce(const void* send, void* recv, std::si
           memory::default_pool<Kokkos::HostSpace>(), std::max<std::size_t>(1, std::size_t(blocks.counts[0]) * bytes));
       const void* in = static_cast<const char*>(send) + first * bytes;
       void* out = static_cast<char*>(recv) + first * bytes;
-      check_mpi(MPI_Reduce_scatter(in, block.data(), blocks.counts.data(), t, mpi_op(op), state_->local),
+      check_mpi(MPI_Reduce_scatter(in, block.data(), blocks.counts.data(), t, mpi_op(op, type), state_->local),
                 "MPI_Reduce_scatter");
-      check_mpi(MPI_Allreduce(MPI_IN_PLACE, block.data(), mine, t, mpi_op(op), state_->cross), "MPI_Allreduce");
+      check_mpi(MPI_Allreduce(MPI_IN_PLACE, block.data(), mine, t, mpi_op(op, type), state_->cross), "MPI_Allreduce");
       check_mpi(MPI_Allgatherv(block.data(), mine, t, out, blocks.counts.data(), blocks.displacements.data(), t,
                                state_->local),
                 "MPI_Allgatherv");
@@ -520,7 +591,7 @@ void Communicator::reduce_scatter(const void* send, void* recv, std::size_t coun
     require(send != recv || count == 0, where, "recv", "the send buffer", "a buffer of its own");
     require(count <= std::size_t(INT_MAX), where, "count", count, "at most 2^31 - 1 elements per rank");
     verify(where, count, type, int(op));
-    check_mpi(MPI_Reduce_scatter_block(send, recv, int(count), mpi_type(type), mpi_op(op), state_->comm),
+    check_mpi(MPI_Reduce_scatter_block(send, recv, int(count), mpi_type(type), mpi_op(op, type), state_->comm),
               "MPI_Reduce_scatter_block");
     if (op == ReduceOp::average) detail::scale(recv, count, type, state_->size);
   });
@@ -627,7 +698,7 @@ Request Communicator::iall_reduce(const void* send, void* recv, std::size_t coun
         parts.push_back(std::make_unique<detail::HierarchicalStages>(state_, in, out, n, type, op));
       } else {
         MPI_Request request = MPI_REQUEST_NULL;
-        check_mpi(MPI_Iallreduce(send == recv ? MPI_IN_PLACE : in, out, int(n), mpi_type(type), mpi_op(op), state_->comm,
+        check_mpi(MPI_Iallreduce(send == recv ? MPI_IN_PLACE : in, out, int(n), mpi_type(type), mpi_op(op, type), state_->comm,
                                  &request),
                   "MPI_Iallreduce");
         parts.push_back(std::make_unique<detail::SingleRequest>(request, op == ReduceOp::average ? out : nullptr, n,

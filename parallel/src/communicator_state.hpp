@@ -51,7 +51,7 @@ void check_buffers(const char* where, const void* send, const void* recv, std::s
 // Throws longattn::Error naming the MPI call and MPI's message.
 void check_mpi(int code, const char* call);
 MPI_Datatype mpi_type(DataType type);
-MPI_Op mpi_op(ReduceOp op);
+MPI_Op mpi_op(ReduceOp op, DataType type);
 // The average's last step: data divided by `ranks` (float or double).
 void scale(void* data, std::size_t count, DataType type, int ranks);
 

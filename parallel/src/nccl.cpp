@@ -26,6 +26,8 @@ ncclDataType_t nccl_type(DataType type) {
     case DataType::int32: return ncclInt32;
     case DataType::int64: return ncclInt64;
     case DataType::uint8: return ncclUint8;
+    case DataType::bfloat16: return ncclBfloat16;
+    case DataType::float16: return ncclFloat16;
   }
   return ncclFloat32;
 }

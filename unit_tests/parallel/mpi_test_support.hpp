@@ -5,6 +5,7 @@
 #include <mpi.h>
 
 #include <Kokkos_Core.hpp>
+#include <catch2/catch.hpp>
 #include <cstdint>
 
 #include "longattn/parallel/communicator.hpp"
@@ -30,6 +31,16 @@ inline parallel::CommunicatorOptions throwing_options(int ranks_per_node = 0) {
 
 inline parallel::Communicator throwing_world(int ranks_per_node = 0) {
   return parallel::Communicator::world(throwing_options(ranks_per_node));
+}
+
+// Says SKIP (and the case checks nothing) when the world has one rank; ctest runs these tests
+// at 2 and 4 ranks too.
+inline bool several_ranks() {
+  int size = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  if (size > 1) return true;
+  WARN("SKIP: needs 2 or more MPI ranks, the world has 1 (ctest's parallel_np2 to parallel_np4 run it)");
+  return false;
 }
 
 inline std::int64_t sum_over_ranks(std::int64_t mine) {

@@ -2,7 +2,8 @@
 // of the same result (odd sizes, every element type and operation), real and simulated nodes
 // (2 x 2 for the hierarchical path, uneven nodes for its fallback), sub-communicators and the
 // data x context grid, point-to-point, Views, and bad input. Values are multiples of 1/4, so
-// every sum is exact and results are compared exactly.
+// every sum is exact (also in bfloat16 and float16, whose sums are MPI operations of longattn's
+// own) and results are compared exactly.
 #include <mpi.h>
 
 #include <catch2/catch.hpp>
@@ -36,6 +37,7 @@ T value(std::uint64_t seed, int rank, std::size_t i) {
   const std::uint64_t h = (seed ^ (std::uint64_t(rank) * 0x9e3779b97f4a7c15ull)) + i * 0xbf58476d1ce4e5b9ull;
   const auto q = std::int64_t((h ^ (h >> 29)) % 65) - 32;
   if constexpr (std::is_integral_v<T>) return T(q);
+  else if constexpr (longattn::is_half_v<T>) return T(float(q) / 4.0f);
   else return T(q) / T(4);
 }
 
@@ -56,7 +58,8 @@ std::vector<T> serial(std::uint64_t seed, const std::vector<int>& members, std::
       const T x = value<T>(seed, members[m], i);
       acc = op == ReduceOp::max ? std::max(acc, x) : op == ReduceOp::min ? std::min(acc, x) : T(acc + x);
     }
-    if (op == ReduceOp::average) acc = acc * (T(1) / T(members.size()));
+    using Wide = longattn::accumulate_t<T>;  // the average's scaling: in float for 16-bit T, then rounded
+    if (op == ReduceOp::average) acc = T(Wide(acc) * (Wide(1) / Wide(members.size())));
     out[i] = acc;
   }
   return out;
@@ -90,7 +93,7 @@ void check_all_reduce(const Communicator& comm, std::uint64_t seed, const std::v
       for (const bool in_place : {true, false}) {
         INFO("count " << count << ", op " << to_string(op) << ", in place " << in_place << ", type "
                       << to_string(data_type_of<T>()) << ", hierarchical " << hierarchical);
-        std::vector<T> send = contribution<T>(seed, me, count), recv(count, T(-99));
+        std::vector<T> send = contribution<T>(seed, me, count), recv(count, T(-99.0f));
         T* out = in_place ? send.data() : recv.data();
         if (hierarchical) comm.hierarchical_all_reduce(send.data(), out, count, data_type_of<T>(), op);
         else comm.all_reduce(send.data(), out, count, data_type_of<T>(), op);
@@ -132,14 +135,14 @@ TEST_CASE("LONGATTN_RANKS_PER_NODE simulates nodes, and a bad value is refused",
 }
 
 TEMPLATE_TEST_CASE("all_reduce equals the serial reduction", "[parallel][collectives]", float, double, std::int32_t,
-                   std::int64_t) {
+                   std::int64_t, longattn::bfloat16, longattn::float16) {
   const std::uint64_t seed = shared_seed();
   INFO("seed " << seed);
   check_all_reduce<TestType>(Communicator::world(throwing_options()), seed, all_ranks(world_size()), false);
 }
 
 TEMPLATE_TEST_CASE("the hierarchical all-reduce equals the serial reduction on real and simulated nodes",
-                   "[parallel][collectives][hierarchical]", float, double) {
+                   "[parallel][collectives][hierarchical]", float, double, longattn::bfloat16) {
   const std::uint64_t seed = shared_seed();
   INFO("seed " << seed);
   for (const int per_node : {0, 1, 2, 3}) {  // 0: this machine's node; 2 at 4 ranks: 2 nodes x 2
@@ -181,6 +184,19 @@ TEST_CASE("reduce_scatter, all_gather, broadcast and barrier", "[parallel][colle
   comm.reduce_scatter(send.data(), mine.data(), block, DataType::float64, ReduceOp::average);
   const auto total = serial<double>(seed, all_ranks(P), block * std::size_t(P), ReduceOp::average);
   CHECK(std::equal(mine.begin(), mine.end(), total.begin() + std::ptrdiff_t(block) * me));
+  // 16 bits: bfloat16 sums (exact for these values), float16 blocks gathered.
+  const auto send16 = contribution<longattn::bfloat16>(seed, me, block * std::size_t(P));
+  std::vector<longattn::bfloat16> mine16(block);
+  comm.reduce_scatter(send16.data(), mine16.data(), block, DataType::bfloat16, ReduceOp::sum);
+  const auto total16 = serial<longattn::bfloat16>(seed, all_ranks(P), block * std::size_t(P), ReduceOp::sum);
+  CHECK(std::equal(mine16.begin(), mine16.end(), total16.begin() + std::ptrdiff_t(block) * me));
+  const auto half_piece = contribution<longattn::float16>(seed, me, 7);
+  std::vector<longattn::float16> half_gathered(7 * std::size_t(P));
+  comm.all_gather(half_piece.data(), half_gathered.data(), 7, DataType::float16);
+  for (int r = 0; r < P; ++r) {
+    const auto theirs = contribution<longattn::float16>(seed, r, 7);
+    CHECK(std::equal(theirs.begin(), theirs.end(), half_gathered.begin() + 7 * r));
+  }
 
   const std::vector<std::int64_t> piece = contribution<std::int64_t>(seed, me, 13);
   std::vector<std::int64_t> gathered(13 * std::size_t(P));

@@ -1,7 +1,8 @@
 // GradientBuckets under mpiexec: 200 small gradients of odd sizes (float and double) and one
 // larger than a bucket, marked ready in backward order; buckets start before wait(), results
 // equal the serial average on flat and simulated-node communicators, over several steps; the
-// same in the memory of the host's default space and the GPU's (NCCL on CUDA memory).
+// same in the memory of the host's default space and the GPU's (NCCL on CUDA memory); float
+// gradients reduced in bfloat16 and float16.
 #include <mpi.h>
 
 #include <catch2/catch.hpp>
@@ -209,6 +210,49 @@ TEMPLATE_LIST_TEST_CASE("gradients in the memory of an execution space are summe
   }
 }
 
+TEMPLATE_TEST_CASE("float gradients reduced in 16 bits come back as the 16-bit average", "[parallel][buckets][half]",
+                   longattn::bfloat16, longattn::float16) {
+  using Half = TestType;
+  std::uint64_t seed = longattn::test::test_seed();
+  MPI_Bcast(&seed, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
+  INFO("seed " << seed);
+  for (const bool hierarchical : {false, true}) {
+    INFO("hierarchical " << hierarchical);
+    const Communicator comm = Communicator::world(throwing_options(2));
+    const int P = comm.size();
+    GradientBucketOptions options;
+    options.bucket_bytes = 4096;
+    options.hierarchical = hierarchical;
+    options.reduce_type = longattn::parallel::data_type_of<Half>();
+    GradientBuckets buckets(comm, options);
+    // Kept gradients (one larger than a bucket, reduced alone) and gradients stored in buckets.
+    std::vector<std::vector<float>> kept{std::vector<float>(300), std::vector<float>(2000), std::vector<float>(5)};
+    for (auto& g : kept) buckets.add(g.data(), g.size());
+    const auto stored = buckets.template add<float>(777);
+    for (int step = 0; step < 2; ++step) {
+      auto fill = [&](float* g, std::size_t count, int index) {
+        for (std::size_t e = 0; e < count; ++e) g[e] = float(contribution(seed, comm.rank(), step, index, e));
+      };
+      for (std::size_t i = 0; i < kept.size(); ++i) fill(kept[i].data(), kept[i].size(), int(i));
+      fill(stored.data(), stored.size(), 3);
+      for (int g = 0; g < 4; ++g) buckets.ready(g);
+      buckets.wait();
+      // Each contribution and sum is exact in 16 bits; the average is the sum times 1/P in float,
+      // rounded to 16 bits, widened back.
+      auto expected = [&](int index, std::size_t e) {
+        double sum = 0;
+        for (int r = 0; r < P; ++r) sum += contribution(seed, r, step, index, e);
+        return float(Half(float(sum) * (1.0f / float(P))));
+      };
+      bool all_equal = true;
+      for (std::size_t i = 0; i < kept.size(); ++i)
+        for (std::size_t e = 0; e < kept[i].size(); ++e) all_equal = all_equal && kept[i][e] == expected(int(i), e);
+      for (std::size_t e = 0; e < stored.size(); ++e) all_equal = all_equal && stored(e) == expected(3, e);
+      CHECK(all_equal);
+    }
+  }
+}
+
 TEST_CASE("GradientBuckets refuses bad input", "[parallel][buckets][errors]") {
   const Communicator comm = Communicator::world(throwing_options(0));
   std::vector<float> g(10);
@@ -216,6 +260,10 @@ TEST_CASE("GradientBuckets refuses bad input", "[parallel][buckets][errors]") {
   GradientBucketOptions zero;
   zero.bucket_bytes = 0;
   CHECK_THROWS_WITH(GradientBuckets(comm, zero), Catch::Contains("argument 'options.bucket_bytes' is 0"));
+  GradientBucketOptions integers;
+  integers.reduce_type = longattn::parallel::DataType::int32;
+  CHECK_THROWS_WITH(GradientBuckets(comm, integers),
+                    Catch::Contains("argument 'options.reduce_type' is int32, expected float32, bfloat16 or float16"));
   GradientBuckets buckets(comm);
   CHECK_THROWS_WITH(buckets.add(g.data(), 0), Catch::Contains("argument 'count' is 0, expected at least one element"));
   CHECK_THROWS_WITH(buckets.add(ints.data(), ints.size()), Catch::Contains("argument 'type' is int32"));

@@ -47,6 +47,7 @@
 #include <vector>
 
 #include "longattn/config.hpp"
+#include "longattn/core/half.hpp"
 #include "longattn/error.hpp"
 
 #if LONGATTN_HAVE_NCCL
@@ -56,7 +57,9 @@
 namespace longattn::parallel {
 
 enum class ReduceOp { sum, average, max, min };
-enum class DataType { float32, float64, int32, int64, uint8 };
+// bfloat16 and float16 (longattn/core/half.hpp) reduce through MPI operations of longattn's own
+// that add in float and round each result; NCCL has them natively.
+enum class DataType { float32, float64, int32, int64, uint8, bfloat16, float16 };
 enum class ErrorPolicy { abort, throw_error };
 
 std::string to_string(ReduceOp op);
@@ -70,8 +73,11 @@ constexpr DataType data_type_of() {
   else if constexpr (std::is_same_v<U, double>) return DataType::float64;
   else if constexpr (std::is_same_v<U, std::int32_t>) return DataType::int32;
   else if constexpr (std::is_same_v<U, std::int64_t>) return DataType::int64;
+  else if constexpr (std::is_same_v<U, bfloat16>) return DataType::bfloat16;
+  else if constexpr (std::is_same_v<U, float16>) return DataType::float16;
   else {
-    static_assert(std::is_same_v<U, std::uint8_t>, "longattn::parallel: float, double, int32, int64 or uint8 elements");
+    static_assert(std::is_same_v<U, std::uint8_t>,
+                  "longattn::parallel: float, double, bfloat16, float16, int32, int64 or uint8 elements");
     return DataType::uint8;
   }
 }

@@ -20,7 +20,8 @@
 //     owners.
 // Errors follow the group's ErrorPolicy, agreed between ranks first (no rank is left waiting).
 // Every pass accumulates into (o, lse) from (0, -inf) in the kernel (LongNet's merge by
-// softmax denominators; head_groups keeps its 1 / k scale). Buffers in the memory of ctx's
+// softmax denominators; head_groups keeps its 1 / k scale). 16-bit tensors (bfloat16, float16)
+// are gathered and scattered in 16 bits, and passes accumulate in their type as on one rank. Buffers in the memory of ctx's
 // space; the gathers and scatters go through MPI on host memory, NCCL on CUDA memory.
 #include <Kokkos_Core.hpp>
 
@@ -184,8 +185,8 @@ void dilated_attention_forward(const On& on, const Communicator& group, const At
   const std::int64_t S = geo.queries;
   AttentionOptions pass_opts = dilated::pass_options(opts, config);
   pass_opts.accumulate_output = true;
-  Kokkos::deep_copy(exec, o, T(0));
-  Kokkos::deep_copy(exec, lse, -std::numeric_limits<T>::infinity());
+  Kokkos::deep_copy(exec, o, T(accumulate_t<T>(0)));
+  Kokkos::deep_copy(exec, lse, -std::numeric_limits<accumulate_t<T>>::infinity());
   group.guarded(where, [&] {
     for (const dilated::Pass& pass : dilated::passes(config, geo.heads)) {
       const std::int64_t span = detail::spanning_ranks(pass.segment, S, group.size());
@@ -244,10 +245,11 @@ void dilated_attention_backward(const On& on, const Communicator& group, const A
       [&] { return check_attention_backward<ExecSpace, T>(where, q, k, v, o, d_o, lse, dq, dk, dv, opts); }, geo);
   const std::int64_t S = geo.queries;
   AttentionOptions pass_opts = dilated::pass_options(opts, config);
+  const T zero(accumulate_t<T>(0));
   if (!opts.accumulate_gradients) {
-    Kokkos::deep_copy(exec, dq, T(0));
-    Kokkos::deep_copy(exec, dk, T(0));
-    Kokkos::deep_copy(exec, dv, T(0));
+    Kokkos::deep_copy(exec, dq, zero);
+    Kokkos::deep_copy(exec, dk, zero);
+    Kokkos::deep_copy(exec, dv, zero);
   }
   pass_opts.accumulate_gradients = true;
   const auto& pool = context.pool();
@@ -277,8 +279,8 @@ void dilated_attention_backward(const On& on, const Communicator& group, const A
       const int h = pass.head_count, D = geo.head_dim, B = geo.batch;
       // The gradients of the whole dilated segment's keys, from this rank's queries.
       const detail::Pooled4<T, Memory> d_keys(pool, B, G * n, h, D), d_values(pool, B, G * n, h, D);
-      Kokkos::deep_copy(exec, d_keys.view(), T(0));
-      Kokkos::deep_copy(exec, d_values.view(), T(0));
+      Kokkos::deep_copy(exec, d_keys.view(), zero);
+      Kokkos::deep_copy(exec, d_values.view(), zero);
       AttentionOptions segment_opts = pass_opts;
       segment_opts.query_offset = std::int64_t(spanning.index) * n;
       for (int b = 0; b < B; ++b) {
@@ -310,9 +312,10 @@ void dilated_attention_backward(const On& on, const Communicator& group, const A
         Kokkos::parallel_for(
             "longattn::parallel::dilated_attention_backward::add",
             Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<3>>(exec, {0, 0, 0}, {dk_b.extent(0), dk_b.extent(1), dk_b.extent(2)}),
-            KOKKOS_LAMBDA(int t, int head, int d) {
-              dk_b(t, head, d) += from_k(t, head, d);
-              dv_b(t, head, d) += from_v(t, head, d);
+            KOKKOS_LAMBDA(int t, int head, int d) {  // in float for 16-bit storage
+              using Wide = accumulate_t<T>;
+              dk_b(t, head, d) = T(Wide(dk_b(t, head, d)) + Wide(from_k(t, head, d)));
+              dv_b(t, head, d) = T(Wide(dv_b(t, head, d)) + Wide(from_v(t, head, d)));
             });
       }
       exec.fence();

@@ -18,6 +18,10 @@
 // gradient_as_bucket_view). A gradient larger than a bucket is reduced in place, alone. A bucket
 // holds one element type and one kind.
 //
+// Precision: float gradients can travel in 16 bits (options.reduce_type bfloat16 or float16: half
+// the bytes): each bucket is rounded into a 16-bit copy, that copy is all-reduced (sums rounded
+// at each addition) and widened back into the float gradients.
+//
 // Memory: gradients and buckets are in the memory of the context's space (ExecSpace, the host's
 // by default); copies run on its instance. Host memory reduces through MPI (nonblocking, tested
 // on each ready() so that MPI moves it on); CUDA memory through NCCL on the instance's stream.
@@ -28,6 +32,7 @@
 #include <string>
 #include <vector>
 
+#include "longattn/core/convert.hpp"
 #include "longattn/core/execution_context.hpp"
 #include "longattn/memory/pooled_view.hpp"
 #include "longattn/parallel/communicator.hpp"
@@ -38,6 +43,8 @@ struct GradientBucketOptions {
   std::size_t bucket_bytes = std::size_t(25) << 20;  // as PyTorch DDP
   ReduceOp op = ReduceOp::average;
   bool hierarchical = true;  // reduce-scatter / all-reduce / all-gather over the nodes
+  // What float32 gradients are reduced in: float32, bfloat16 or float16. Other types: their own.
+  DataType reduce_type = DataType::float32;
 };
 
 template <class ExecSpace = Kokkos::DefaultHostExecutionSpace>
@@ -50,6 +57,9 @@ class GradientBuckets {
       : context_(context), comm_(std::move(communicator)), options_(options) {
     comm_.guarded(where_, [&] {
       require(options.bucket_bytes >= 1, where_, "options.bucket_bytes", options.bucket_bytes, "at least one byte");
+      require(options.reduce_type == DataType::float32 || options.reduce_type == DataType::bfloat16 ||
+                  options.reduce_type == DataType::float16,
+              where_, "options.reduce_type", to_string(options.reduce_type), "float32, bfloat16 or float16");
     });
   }
   // On the space's default instance and pool.
@@ -112,6 +122,7 @@ class GradientBuckets {
       if (!bucket.started) start(bucket, true);
     for (Bucket& bucket : buckets_) {
       bucket.request.wait();
+      if (bucket.narrowed()) narrow_or_widen(bucket, false);
       if (!bucket.stores_gradients && !bucket.alone)
         for (const int m : bucket.members) {
           const Gradient& g = gradients_[std::size_t(m)];
@@ -135,7 +146,7 @@ class GradientBuckets {
   // exist from the first step on).
   std::size_t buffer_bytes() const {
     std::size_t total = 0;
-    for (const Bucket& b : buckets_) total += b.buffer.bytes();
+    for (const Bucket& b : buckets_) total += b.buffer.bytes() + b.narrow.bytes();
     return total;
   }
 
@@ -160,8 +171,12 @@ class GradientBuckets {
     bool alone = false;             // one gradient of bucket_bytes or more
     int pending = 0;                // members not yet ready this step
     memory::PooledView<Kokkos::View<unsigned char*, memory_space>> buffer;
+    // The 16-bit copy it is reduced in (options.reduce_type), for float32 buckets.
+    memory::PooledView<Kokkos::View<unsigned char*, memory_space>> narrow;
+    DataType reduced_as = DataType::float32;
     Request request;
     bool started = false;
+    bool narrowed() const { return reduced_as != type; }
   };
 
   // Buckets are laid out as gradients come: consecutive gradients of one type and one kind fill a
@@ -211,6 +226,8 @@ class GradientBuckets {
   void freeze() {
     for (Bucket& bucket : buckets_) {
       if (!bucket.stores_gradients && !bucket.alone) bucket.buffer = make_buffer(bucket.count * size_of(bucket.type));
+      bucket.reduced_as = bucket.type == DataType::float32 ? options_.reduce_type : bucket.type;
+      if (bucket.narrowed()) bucket.narrow = make_buffer(bucket.count * size_of(bucket.reduced_as));
       bucket.pending = int(bucket.members.size());
     }
     ready_.assign(gradients_.size(), false);
@@ -224,23 +241,41 @@ class GradientBuckets {
   void start(Bucket& bucket, bool blocking) {
     const ExecSpace& exec = context_.exec();
     const std::size_t element = size_of(bucket.type);
-    void* data = bucket.alone && !bucket.stores_gradients ? gradients_[std::size_t(bucket.members.front())].data
-                                                          : static_cast<void*>(bucket.buffer.data());
     if (!bucket.stores_gradients && !bucket.alone)
       for (const int m : bucket.members) {
         const Gradient& g = gradients_[std::size_t(m)];
-        Kokkos::deep_copy(exec, bytes(static_cast<unsigned char*>(data) + g.offset * element, g.count * element),
+        Kokkos::deep_copy(exec, bytes(bucket.buffer.data() + g.offset * element, g.count * element),
                           bytes(g.data, g.count * element));
       }
+    if (bucket.narrowed()) narrow_or_widen(bucket, true);
+    void* data = bucket.narrowed() ? static_cast<void*>(bucket.narrow.data()) : values(bucket);
     constexpr bool host_memory = Kokkos::SpaceAccessibility<Kokkos::HostSpace, memory_space>::accessible;
     if (host_memory && blocking) {
       exec.fence();
-      if (options_.hierarchical) comm_.hierarchical_all_reduce(data, data, bucket.count, bucket.type, options_.op);
-      else comm_.all_reduce(data, data, bucket.count, bucket.type, options_.op);
+      if (options_.hierarchical) comm_.hierarchical_all_reduce(data, data, bucket.count, bucket.reduced_as, options_.op);
+      else comm_.all_reduce(data, data, bucket.count, bucket.reduced_as, options_.op);
     } else {
-      bucket.request = comm_.iall_reduce(exec, data, data, bucket.count, bucket.type, options_.op, options_.hierarchical);
+      bucket.request =
+          comm_.iall_reduce(exec, data, data, bucket.count, bucket.reduced_as, options_.op, options_.hierarchical);
     }
     bucket.started = true;
+  }
+
+  // Where a bucket's values are: its buffer, or a kept gradient reduced alone where it is.
+  void* values(const Bucket& bucket) const {
+    return bucket.alone && !bucket.stores_gradients ? gradients_[std::size_t(bucket.members.front())].data
+                                                    : static_cast<void*>(bucket.buffer.data());
+  }
+
+  // A float32 bucket's values into its 16-bit copy (before the reduction) or back (after).
+  void narrow_or_widen(const Bucket& bucket, bool narrow) const {
+    auto* wide = static_cast<float*>(values(bucket));
+    auto run = [&](auto* half) {
+      if (narrow) longattn::convert(context_.exec(), wide, half, bucket.count);
+      else longattn::convert(context_.exec(), half, wide, bucket.count);
+    };
+    if (bucket.reduced_as == DataType::bfloat16) run(reinterpret_cast<bfloat16*>(bucket.narrow.data()));
+    else run(reinterpret_cast<float16*>(bucket.narrow.data()));
   }
 
   Context context_;

@@ -62,8 +62,10 @@
 
 #include "longattn/core/attention.hpp"
 #include "longattn/core/attention_tensors.hpp"
-#include "longattn/core/execution_context.hpp"
 #include "longattn/core/block_sparse_layout.hpp"
+#include "longattn/core/convert.hpp"
+#include "longattn/core/execution_context.hpp"
+#include "longattn/core/merge_partial.hpp"
 #include "longattn/memory/pooled_view.hpp"
 #include "longattn/parallel/communicator.hpp"
 #include "longattn/parallel/sharding.hpp"
@@ -533,8 +535,9 @@ void ring_attention_forward(const On& on, const RingPlan<execution_space_of<On>>
   const O& o = out.o;
   const Lse& lse = out.lse;
   using T = longattn::scalar_of<Q>;
-  static_assert(!is_half_v<T>, "ring attention exchanges float or double tensors (16-bit storage: not yet)");
+  using Acc = accumulate_t<T>;
   using Memory = typename ExecSpace::memory_space;
+  constexpr bool half = is_half_v<T>;
   const char* where = "longattn::parallel::ring_attention_forward";
   const Communicator& comm = plan.group();
   const std::int64_t B = q.extent(0), local = q.extent(1), H = q.extent(2), D = q.extent(3);
@@ -545,12 +548,25 @@ void ring_attention_forward(const On& on, const RingPlan<execution_space_of<On>>
     detail::check_ring_tensor<ExecSpace, T>(where, "o", o, B, local, H, D);
     detail::check_ring_tensor<ExecSpace, T>(where, "lse", lse, B, local, H, D);
   });
-  if (!opts.accumulate_output) {
+  // 16-bit storage: the output accumulates over the steps in float (o_wide), each step's partial
+  // output merged into it, and is rounded into o once at the end. Float and double accumulate in
+  // o itself, inside the kernel.
+  const std::int64_t segment_tokens = plan.segments().front().tokens;
+  memory::PooledView<Kokkos::View<Acc****, Kokkos::LayoutRight, Memory>> o_wide;
+  memory::PooledView<Kokkos::View<T****, Kokkos::LayoutRight, Memory>> o_part;
+  memory::PooledView<Kokkos::View<Acc***, Kokkos::LayoutRight, Memory>> lse_part;
+  if constexpr (half) {
+    o_wide = context.template allocate<Kokkos::View<Acc****, Kokkos::LayoutRight, Memory>>(B, local, H, D);
+    o_part = context.template allocate<Kokkos::View<T****, Kokkos::LayoutRight, Memory>>(B, segment_tokens, H, D);
+    lse_part = context.template allocate<Kokkos::View<Acc***, Kokkos::LayoutRight, Memory>>(B, H, segment_tokens);
+    if (opts.accumulate_output) convert(exec, o, o_wide.view());
+    else Kokkos::deep_copy(exec, o_wide.view(), Acc(0));
+  } else if (!opts.accumulate_output) {
     Kokkos::deep_copy(exec, o, T(0));
-    Kokkos::deep_copy(exec, lse, -std::numeric_limits<T>::infinity());
   }
+  if (!opts.accumulate_output) Kokkos::deep_copy(exec, lse, -std::numeric_limits<Acc>::infinity());
   AttentionOptions step_opts = opts;
-  step_opts.accumulate_output = true;
+  step_opts.accumulate_output = !half;
   const detail::KvBuffers<T, Memory> kv(context.pool(), plan.outer_steps(), plan.inner_steps(), plan.largest_piece(),
                                         int(B), int(H), int(D));
   RingTimings& timings = plan.timings();
@@ -578,14 +594,24 @@ void ring_attention_forward(const On& on, const RingPlan<execution_space_of<On>>
               const Segment& seg = plan.segments()[std::size_t(g)];
               const auto pair_opts = detail::pair_options(step_opts, seg, held);
               const auto q_seg = detail::token_range<1>(q, seg.local_begin, seg.tokens);
-              const auto o_seg = detail::token_range<1>(o, seg.local_begin, seg.tokens);
               const auto lse_seg = detail::token_range<2>(lse, seg.local_begin, seg.tokens);
-              if (const auto* layout = plan.layout(g, owner, c))
-                attention_forward(exec, q_seg, buffer.keys(held.tokens), buffer.values(held.tokens), o_seg, lse_seg,
-                                  pair_opts, *layout);
-              else
-                attention_forward(exec, q_seg, buffer.keys(held.tokens), buffer.values(held.tokens), o_seg, lse_seg,
-                                  pair_opts);
+              auto forward = [&](const auto& o_out, const auto& lse_out) {
+                if (const auto* layout = plan.layout(g, owner, c))
+                  attention_forward(exec, q_seg, buffer.keys(held.tokens), buffer.values(held.tokens), o_out, lse_out,
+                                    pair_opts, *layout);
+                else
+                  attention_forward(exec, q_seg, buffer.keys(held.tokens), buffer.values(held.tokens), o_out, lse_out,
+                                    pair_opts);
+              };
+              if constexpr (half) {
+                const auto o_step = detail::token_range<1>(o_part.view(), 0, seg.tokens);
+                const auto lse_step = detail::token_range<2>(lse_part.view(), 0, seg.tokens);
+                forward(o_step, lse_step);
+                merge_partial(exec, detail::token_range<1>(o_wide.view(), seg.local_begin, seg.tokens), lse_seg, o_step,
+                              lse_step);
+              } else {
+                forward(detail::token_range<1>(o, seg.local_begin, seg.tokens), lse_seg);
+              }
             }
           exec.fence();
           computing.reset();
@@ -595,6 +621,10 @@ void ring_attention_forward(const On& on, const RingPlan<execution_space_of<On>>
         const detail::Stopwatch waiting(timings.wait_seconds);
         outer_transfers.wait();
       }
+    if constexpr (half) {
+      convert(exec, o_wide.view(), o);
+      exec.fence();
+    }
   });
 }
 
@@ -618,8 +648,9 @@ void ring_attention_backward(const On& on, const RingPlan<execution_space_of<On>
   const DK& dk = grad.dk;
   const DV& dv = grad.dv;
   using T = longattn::scalar_of<Q>;
-  static_assert(!is_half_v<T>, "ring attention exchanges float or double tensors (16-bit storage: not yet)");
+  using Acc = accumulate_t<T>;
   using Memory = typename ExecSpace::memory_space;
+  constexpr bool half = is_half_v<T>;
   const char* where = "longattn::parallel::ring_attention_backward";
   const Communicator& comm = plan.group();
   const int me = comm.rank(), inner_steps = plan.inner_steps(), outer_steps = plan.outer_steps();
@@ -635,21 +666,47 @@ void ring_attention_backward(const On& on, const RingPlan<execution_space_of<On>
     detail::check_ring_tensor<ExecSpace, T>(where, "dk", dk, B, local, H, D);
     detail::check_ring_tensor<ExecSpace, T>(where, "dv", dv, B, local, H, D);
   });
-  if (!opts.accumulate_gradients) {
+  // 16-bit storage: dq, dk and dv accumulate over the steps in float copies (each step's kernel
+  // writes its part in T, added in float), a piece's gradient travels the ring in float, and the
+  // totals are rounded into dq, dk, dv once at the end. Float and double accumulate in place.
+  using Wide = Kokkos::View<Acc****, Kokkos::LayoutRight, Memory>;
+  memory::PooledView<Wide> dq_wide, dk_wide, dv_wide;
+  if constexpr (half) {
+    for (auto* wide : {&dq_wide, &dk_wide, &dv_wide}) *wide = context.template allocate<Wide>(B, local, H, D);
+    if (opts.accumulate_gradients) {
+      convert(exec, dq, dq_wide.view());
+      convert(exec, dk, dk_wide.view());
+      convert(exec, dv, dv_wide.view());
+    } else {
+      for (auto* wide : {&dq_wide, &dk_wide, &dv_wide}) Kokkos::deep_copy(exec, wide->view(), Acc(0));
+    }
+  } else if (!opts.accumulate_gradients) {
     Kokkos::deep_copy(exec, dq, T(0));
     Kokkos::deep_copy(exec, dk, T(0));
     Kokkos::deep_copy(exec, dv, T(0));
   }
+  // Where the gradients accumulate: the float copies, or the tensors themselves.
+  const auto dq_total = [&] { if constexpr (half) return dq_wide.view(); else return dq; }();
+  const auto dk_total = [&] { if constexpr (half) return dk_wide.view(); else return dk; }();
+  const auto dv_total = [&] { if constexpr (half) return dv_wide.view(); else return dv; }();
   AttentionOptions step_opts = opts;
-  step_opts.accumulate_gradients = true;
+  step_opts.accumulate_gradients = !half;
   const int largest = int(plan.largest_piece()), b = int(B), h = int(H), d = int(D);
-  using Buffer = detail::PieceBuffer<T, Memory>;
+  using Buffer = detail::PieceBuffer<Acc, Memory>;  // a piece's gradient (dK, dV)
   const auto& pool = context.pool();
   const detail::KvBuffers<T, Memory> kv(pool, outer_steps, inner_steps, largest, b, h, d);
   // dK, dV of the piece held (two: the last step's goes out while this step's is computed); the
   // accumulator from the previous rank.
   const Buffer piece_grad[2] = {{pool, largest, b, h, d}, {pool, largest, b, h, d}};
   const Buffer incoming{pool, largest, b, h, d};
+  // 16-bit: one step's part of dq (one segment) and of the piece's dK, dV, in T.
+  std::optional<detail::PieceBuffer<T, Memory>> piece_part;
+  memory::PooledView<Kokkos::View<T****, Kokkos::LayoutRight, Memory>> dq_part;
+  if constexpr (half) {
+    piece_part.emplace(pool, largest, b, h, d);
+    dq_part = context.template allocate<Kokkos::View<T****, Kokkos::LayoutRight, Memory>>(
+        B, plan.segments().front().tokens, H, D);
+  }
   // This rank's own piece, a node's total back from its route (one per outer step in flight).
   std::vector<Buffer> returned;
   returned.reserve(2);
@@ -670,8 +727,10 @@ void ring_attention_backward(const On& on, const RingPlan<execution_space_of<On>
       bool total_arrived[2] = {false, false};  // per returned buffer: a node's total, not yet added
       auto add_node_total = [&](int slot) {
         if (!total_arrived[slot]) return;
-        detail::add_into(exec, detail::token_range<1>(dk, mine.local_begin, mine.tokens), returned[std::size_t(slot)].keys(mine.tokens));
-        detail::add_into(exec, detail::token_range<1>(dv, mine.local_begin, mine.tokens), returned[std::size_t(slot)].values(mine.tokens));
+        detail::add_into(exec, detail::token_range<1>(dk_total, mine.local_begin, mine.tokens),
+                         returned[std::size_t(slot)].keys(mine.tokens));
+        detail::add_into(exec, detail::token_range<1>(dv_total, mine.local_begin, mine.tokens),
+                         returned[std::size_t(slot)].values(mine.tokens));
         exec.fence();
         total_arrived[slot] = false;
       };
@@ -713,7 +772,7 @@ void ring_attention_backward(const On& on, const RingPlan<execution_space_of<On>
           if (accumulates) {
             const Buffer& g = piece_grad[step % 2];
             std::optional<detail::Stopwatch> computing(std::in_place, timings.compute_seconds);
-            Kokkos::deep_copy(exec, g.packed(held.tokens), T(0));
+            Kokkos::deep_copy(exec, g.packed(held.tokens), Acc(0));
             for (int seg_index = 0; seg_index < int(plan.segments().size()); ++seg_index) {
               if (!plan.computes(seg_index, owner, c)) continue;
               const Segment& seg = plan.segments()[std::size_t(seg_index)];
@@ -721,14 +780,25 @@ void ring_attention_backward(const On& on, const RingPlan<execution_space_of<On>
               const auto q_seg = detail::token_range<1>(q, seg.local_begin, seg.tokens);
               const auto o_seg = detail::token_range<1>(o, seg.local_begin, seg.tokens);
               const auto do_seg = detail::token_range<1>(d_o, seg.local_begin, seg.tokens);
-              const auto dq_seg = detail::token_range<1>(dq, seg.local_begin, seg.tokens);
+              const auto dq_seg = detail::token_range<1>(dq_total, seg.local_begin, seg.tokens);
               const auto lse_seg = detail::token_range<2>(lse, seg.local_begin, seg.tokens);
-              if (const auto* layout = plan.layout(seg_index, owner, c))
-                attention_backward(context, q_seg, buffer.keys(held.tokens), buffer.values(held.tokens), o_seg, do_seg,
-                                   lse_seg, dq_seg, g.keys(held.tokens), g.values(held.tokens), pair_opts, *layout);
-              else
-                attention_backward(context, q_seg, buffer.keys(held.tokens), buffer.values(held.tokens), o_seg, do_seg,
-                                   lse_seg, dq_seg, g.keys(held.tokens), g.values(held.tokens), pair_opts);
+              auto backward = [&](const auto& dq_out, const auto& dk_out, const auto& dv_out) {
+                if (const auto* layout = plan.layout(seg_index, owner, c))
+                  attention_backward(context, q_seg, buffer.keys(held.tokens), buffer.values(held.tokens), o_seg,
+                                     do_seg, lse_seg, dq_out, dk_out, dv_out, pair_opts, *layout);
+                else
+                  attention_backward(context, q_seg, buffer.keys(held.tokens), buffer.values(held.tokens), o_seg,
+                                     do_seg, lse_seg, dq_out, dk_out, dv_out, pair_opts);
+              };
+              if constexpr (half) {
+                const auto dq_step = detail::token_range<1>(dq_part.view(), 0, seg.tokens);
+                backward(dq_step, piece_part->keys(held.tokens), piece_part->values(held.tokens));
+                detail::add_into(exec, dq_seg, dq_step);
+                detail::add_into(exec, g.keys(held.tokens), piece_part->keys(held.tokens));
+                detail::add_into(exec, g.values(held.tokens), piece_part->values(held.tokens));
+              } else {
+                backward(dq_seg, g.keys(held.tokens), g.values(held.tokens));
+              }
             }
             exec.fence();
             computing.reset();
@@ -747,8 +817,8 @@ void ring_attention_backward(const On& on, const RingPlan<execution_space_of<On>
             else if (step > 0)  // the end of its route in this node: the node's total goes home
               outgoing = Outgoing{&g, held.tokens, owner, false};
             else {  // a piece only its owner needs
-              detail::add_into(exec, detail::token_range<1>(dk, mine.local_begin, mine.tokens), g.keys(mine.tokens));
-              detail::add_into(exec, detail::token_range<1>(dv, mine.local_begin, mine.tokens), g.values(mine.tokens));
+              detail::add_into(exec, detail::token_range<1>(dk_total, mine.local_begin, mine.tokens), g.keys(mine.tokens));
+              detail::add_into(exec, detail::token_range<1>(dv_total, mine.local_begin, mine.tokens), g.values(mine.tokens));
             }
           }
           const detail::Stopwatch waiting(timings.wait_seconds);
@@ -766,6 +836,12 @@ void ring_attention_backward(const On& on, const RingPlan<execution_space_of<On>
         x.start(exec).wait();
       }
       for (int outer = std::max(0, outer_steps - 2); outer < outer_steps; ++outer) add_node_total(outer % 2);
+      exec.fence();
+    }
+    if constexpr (half) {
+      convert(exec, dq_wide.view(), dq);
+      convert(exec, dk_wide.view(), dk);
+      convert(exec, dv_wide.view(), dv);
       exec.fence();
     }
   });
