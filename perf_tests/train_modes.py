@@ -1,17 +1,20 @@
 #!/usr/bin/env python3
-"""longattn-train's step time and memory for each precision, recomputation mode and micro-batch.
+"""longattn-train's step time and memory for each precision, recomputation mode, micro-batch and
+gradient all-reduce precision.
 
-Runs `longattn-train --precision P --recompute R --micro-batch M` for every P, R and M given, on
+Runs `longattn-train --precision P --recompute R --micro-batch M --grad-reduce G` for every P, R,
+M and G given, on
 the same model and ranks, alternating the configurations `--repeat` times, and prints a Markdown
 table: the median step after the first (best of the repeats), the pool's high-water mark per
 rank, the model's state (parameters, gradients, AdamW moments, and a 16-bit model's fp32 master
 weights), the activations (the high-water mark beyond that state and the gradient buckets'
 buffers: activations and workspaces) and those against `--recompute none` at the same precision
-and micro-batch size. Options after `--` go to longattn-train unchanged (model size, attention,
---cp, ...).
+and micro-batch size, and the share of the step spent communicating (gradient all-reduce, ring
+waits). Options after `--` go to longattn-train unchanged (model size, attention, --cp, ...).
 
   train_modes.py build/test/apps/train/longattn-train [--ranks 2] [--steps 4] [--repeat 2]
-      [--precision fp32] [--recompute none,selective,full] [--micro-batch 0] -- --batch 16 ...
+      [--precision fp32] [--recompute none,selective,full] [--micro-batch 0] [--grad-reduce fp32]
+      -- --batch 16 ...
 """
 import argparse
 import json
@@ -22,14 +25,15 @@ import sys
 import tempfile
 
 
-def run(program, ranks, precision, recompute, micro_batch, args):
+def run(program, ranks, precision, recompute, micro_batch, grad_reduce, args):
     with tempfile.TemporaryDirectory() as tmp:
         summary = os.path.join(tmp, "summary.json")
         threads = max(1, (os.cpu_count() or 1) // ranks)
         env = dict(os.environ, OMP_NUM_THREADS=str(threads), OMP_PROC_BIND="false",
                    OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
         command = [program, "--quiet", "--eval-every", "0", "--peak-gflops", "1", "--json", summary,
-                   "--precision", precision, "--recompute", recompute, "--micro-batch", str(micro_batch)] + args
+                   "--precision", precision, "--recompute", recompute, "--micro-batch", str(micro_batch),
+                   "--grad-reduce", grad_reduce] + args
         if ranks > 1:
             command = ["mpiexec", "-n", str(ranks), "--oversubscribe", "--bind-to", "none",
                        "-x", "OMP_NUM_THREADS", "-x", "OMP_PROC_BIND"] + command
@@ -48,14 +52,15 @@ def main():
     parser.add_argument("--precision", default="fp32", help="comma-separated: fp32, bf16, fp16")
     parser.add_argument("--recompute", default="none,selective,full")
     parser.add_argument("--micro-batch", default="0", help="comma-separated sizes (0: the whole batch / dp)")
+    parser.add_argument("--grad-reduce", default="fp32", help="comma-separated: fp32, model")
     argv = sys.argv[1:]
     split = argv.index("--") if "--" in argv else len(argv)
     options = parser.parse_args(argv[:split])
     if options.steps < 2:
         sys.exit("train_modes.py: --steps must be at least 2 (the first step is not timed)")
     args = ["--steps", str(options.steps)] + argv[split + 1:]
-    configs = [(p, r, int(m)) for p in options.precision.split(",") for m in options.micro_batch.split(",")
-               for r in options.recompute.split(",")]
+    configs = [(p, r, int(m), g) for p in options.precision.split(",") for g in options.grad_reduce.split(",")
+               for m in options.micro_batch.split(",") for r in options.recompute.split(",")]
     seconds = {c: [] for c in configs}
     report = {}
     for _ in range(options.repeat):
@@ -67,16 +72,18 @@ def main():
     print(f"{first['parameters']} parameters, {first['flops_per_step'] * 1e-9:.2f} GFLOP per step, "
           f"grid dp {first['grid']['dp']} x cp {first['grid']['cp']}; gradient buckets "
           f"{first['bucket_bytes'] / 2**20:.1f} MiB per rank; longattn-train {' '.join(args)}\n")
-    print("| precision | recompute | micro-batch | s/step | GFLOP/s | pool high-water MiB | model state MiB "
-          "| activations MiB | vs none |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("| precision | grad reduce | recompute | micro-batch | s/step | GFLOP/s | comm | pool high-water MiB "
+          "| model state MiB | activations MiB | vs none |")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for c in configs:
         r = report[c]
         best = min(seconds[c])
         activations = r["summary"]["activation_bytes"]
-        none = report.get((c[0], "none", c[2]))
+        none = report.get((c[0], "none", c[2], c[3]))
         ratio = f"{activations / none['summary']['activation_bytes']:.2f}" if none else "-"
-        print(f"| {c[0]} | {c[1]} | {r['config']['micro_batch']} | {best:.3f} | {r['flops_per_step'] / best * 1e-9:.1f} | "
+        grad_reduce = c[0] if c[3] == "model" else "fp32"
+        print(f"| {c[0]} | {grad_reduce} | {c[1]} | {r['config']['micro_batch']} | {best:.3f} | "
+              f"{r['flops_per_step'] / best * 1e-9:.1f} | {100 * r['summary']['steady_communication_share']:.1f}% | "
               f"{r['summary']['memory_bytes'] / 2**20:.1f} | {r['model_state_bytes'] / 2**20:.1f} | "
               f"{activations / 2**20:.1f} | {ratio} |")
 

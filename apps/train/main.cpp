@@ -33,6 +33,7 @@ int main(int argc, char** argv) {
   TrainConfig c;
   std::string task = to_string(c.data.task), attention = to_string(c.model.attention), json_path, config_path;
   std::string recompute = to_string(c.model.recompute), precision = to_string(c.precision);
+  std::string grad_reduce = to_string(c.grad_reduce);
   const std::map<std::string, Task> tasks{{"text", Task::text}, {"long_range", Task::long_range}};
 
   app.add_option("--config", config_path, "JSON file of options (keys: the long option names)");
@@ -62,6 +63,9 @@ int main(int argc, char** argv) {
   app.add_option("--precision", precision,
                  "fp32, or bf16 / fp16: 16-bit parameters, activations and attention with fp32 gradients, master "
                  "weights and AdamW moments (fp16 with dynamic loss scaling)")->group("Training");
+  app.add_option("--grad-reduce", grad_reduce,
+                 "what the data-parallel all-reduce sums gradients in: fp32, or model (the --precision's 16-bit "
+                 "type: half the bytes, each sum rounded to it)")->group("Training");
   app.add_option("--loss-scale", c.loss_scale.initial, "fp16: the initial loss scale")->group("Training");
   app.add_option("--loss-scale-window", c.loss_scale.window,
                  "fp16: good steps in a row before the loss scale doubles (an overflow halves it and skips the step)")
@@ -93,6 +97,7 @@ int main(int argc, char** argv) {
     c.model.attention = longattn::parse_attention_spec(attention);  // once, here at the edge
     c.model.recompute = parse_recompute(recompute);
     c.precision = parse_precision(precision);
+    c.grad_reduce = parse_gradient_reduce(grad_reduce);
   } catch (const CLI::ParseError& error) {
     return root ? app.exit(error) : (error.get_exit_code() == 0 ? 0 : 2);
   } catch (const longattn::Error& error) {

@@ -111,9 +111,6 @@ void validate(const TrainConfig& c, int world_size) {
   require(!c.resume || !c.checkpoint.empty(), program, "resume", "true", "a --checkpoint file to resume from");
   require(c.stop_after >= 0, program, "stop-after", c.stop_after, "a step >= 0");
   require(c.peak_gflops >= 0, program, "peak-gflops", c.peak_gflops, "GFLOP/s >= 0 (0: measure)");
-  require(c.precision == Precision::fp32 || c.cp == 1, program, "cp", c.cp,
-          std::string("1 with --precision ") + to_string(c.precision) +
-              " (ring attention in 16-bit storage is not built yet; --precision fp32 runs any cp)");
   require(c.loss_scale.initial > 0 && std::isfinite(c.loss_scale.initial), program, "loss-scale",
           c.loss_scale.initial, "a positive finite factor");
   require(c.loss_scale.window >= 1, program, "loss-scale-window", c.loss_scale.window, "at least 1 step");
@@ -129,6 +126,14 @@ Precision parse_precision(const std::string& text, const char* option) {
   throw_invalid_argument(program, option, "\"" + text + "\"", "one of fp32, bf16, fp16");
 }
 
+const char* to_string(GradientReduce reduce) { return reduce == GradientReduce::fp32 ? "fp32" : "model"; }
+
+GradientReduce parse_gradient_reduce(const std::string& text, const char* option) {
+  for (const GradientReduce r : {GradientReduce::fp32, GradientReduce::model})
+    if (text == to_string(r)) return r;
+  throw_invalid_argument(program, option, "\"" + text + "\"", "fp32 or model");
+}
+
 nlohmann::json TrainResult::to_json(const TrainConfig& c) const {
   nlohmann::json j;
   j["config"] = run_identity(c);
@@ -137,6 +142,7 @@ nlohmann::json TrainResult::to_json(const TrainConfig& c) const {
   j["config"]["micro_batch"] = c.batch / dp / micro_batches;
   j["config"]["recompute"] = to_string(c.model.recompute);
   j["config"]["precision"] = to_string(c.precision);
+  j["config"]["grad_reduce"] = to_string(c.grad_reduce);
   j["grid"] = {{"dp", dp}, {"cp", cp}};
   j["micro_batches"] = micro_batches;
   j["parameters"] = parameters;
@@ -199,16 +205,13 @@ TrainResult train(const TrainConfig& config, const parallel::Communicator& world
   std::optional<Dataset> data;
   world.checked(program, [&] { data.emplace(config.data, N); });
   Model model(context, config.model);
-  // Ring attention runs float (validate() refuses cp > 1 for 16-bit models).
-  std::shared_ptr<parallel::ContextParallelAttention<Exec, float>> ring;
+  std::shared_ptr<parallel::ContextParallelAttention<Exec, T>> ring;
   std::vector<parallel::Segment> segments{{0, 0, N}};
-  if constexpr (std::is_same_v<T, float>) {
-    if (cp > 1) {
-      ring = std::make_shared<parallel::ContextParallelAttention<Exec, float>>(
-          context.exec(), cp_group, N, config.model.attention, true);
-      model.set_attention_runner(ring);
-      segments = ring->segments();
-    }
+  if (cp > 1) {
+    ring = std::make_shared<parallel::ContextParallelAttention<Exec, T>>(context.exec(), cp_group, N,
+                                                                         config.model.attention, true);
+    model.set_attention_runner(ring);
+    segments = ring->segments();
   }
   LocalBatch<Exec, T> local(std::int64_t(dp_rank) * sequences, micro_batch, segments);
 
@@ -217,6 +220,8 @@ TrainResult train(const TrainConfig& config, const parallel::Communicator& world
   if (world.size() > 1) {
     parallel::GradientBucketOptions options;
     options.op = parallel::ReduceOp::sum;  // every rank's loss is already divided by the global token count
+    if (config.grad_reduce == GradientReduce::model && !std::is_same_v<T, float>)
+      options.reduce_type = parallel::data_type_of<T>();
     buckets = std::make_unique<parallel::GradientBuckets<Exec>>(context, world, options);
     for (const auto& g : groups) buckets->add(g.gradients, g.count);
   }
@@ -328,7 +333,9 @@ TrainResult train(const TrainConfig& config, const parallel::Communicator& world
          << "grid      " << world.size() << " ranks = dp " << dp << " x cp " << cp << "; " << config.batch
          << " sequences per step (" << config.batch * N << " tokens), " << micro_batches << " micro-batch"
          << (micro_batches > 1 ? "es" : "") << " of " << micro_batch << " per rank\n"
-         << "memory    recompute " << to_string(config.model.recompute) << "; precision " << to_string(config.precision);
+         << "memory    recompute " << to_string(config.model.recompute) << "; precision " << to_string(config.precision)
+         << "; gradients all-reduced in "
+         << (config.grad_reduce == GradientReduce::model ? to_string(config.precision) : "fp32");
     if (scaling) *out << ", loss scale " << loss_scale;
     *out << "\n"
          << "compute   " << std::fixed << std::setprecision(2) << result.flops_per_step * 1e-9 << " GFLOP per step; "

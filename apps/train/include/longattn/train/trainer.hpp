@@ -37,6 +37,13 @@ const char* to_string(Precision precision);
 // "fp32", "bf16" or "fp16"; throws longattn::Error naming `option` otherwise.
 Precision parse_precision(const std::string& text, const char* option = "precision");
 
+// What the data-parallel all-reduce sums gradients in: fp32, or the model's 16-bit type (bf16
+// or fp16 runs: half the bytes on the wire, each sum rounded to it).
+enum class GradientReduce { fp32, model };
+const char* to_string(GradientReduce reduce);
+// "fp32" or "model"; throws longattn::Error naming `option` otherwise.
+GradientReduce parse_gradient_reduce(const std::string& text, const char* option = "grad-reduce");
+
 // fp16's dynamic loss scaling: the loss (so every gradient) is multiplied by `initial`; a step
 // whose gradients overflow is skipped and the scale halved; after `window` good steps in a row
 // it doubles.
@@ -51,6 +58,7 @@ struct TrainConfig {
   OptimizerConfig optimizer;
   Precision precision = Precision::fp32;
   LossScaleConfig loss_scale;       // fp16 only
+  GradientReduce grad_reduce = GradientReduce::fp32;
   int steps = 60;                   // the schedule's length
   std::int64_t batch = 16;          // sequences per step, over all data-parallel groups
   std::int64_t micro_batch = 0;     // sequences per forward/backward on a rank; 0: all its batch / dp
