@@ -19,9 +19,10 @@ if(LONGATTN_SANITIZE)
   endif()
 endif()
 
-# -Wall -Wextra on longattn's own code (dependencies' headers come in as SYSTEM includes).
+# -Wall -Wextra and the vector width on longattn's own code (dependencies' headers come in as
+# SYSTEM includes).
 function(longattn_set_compile_options target)
-  target_compile_options(${target} PRIVATE -Wall -Wextra)
+  target_compile_options(${target} PRIVATE -Wall -Wextra ${LONGATTN_ARCH_FLAGS})
   if(LONGATTN_WARNINGS_AS_ERRORS)
     target_compile_options(${target} PRIVATE -Werror)
     # nvcc_wrapper hands -Werror to the host compiler; nvcc's own front end warns separately.
