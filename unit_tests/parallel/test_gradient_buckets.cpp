@@ -229,6 +229,11 @@ TEMPLATE_TEST_CASE("float gradients reduced in 16 bits come back as the 16-bit a
     std::vector<std::vector<float>> kept{std::vector<float>(300), std::vector<float>(2000), std::vector<float>(5)};
     for (auto& g : kept) buckets.add(g.data(), g.size());
     const auto stored = buckets.template add<float>(777);
+    buckets.wait();  // a step with nothing ready: buffers made, everything reduced once
+    // Kept gradients go straight into the 16-bit copies (2 bytes each, no float buffer: the 300
+    // and the 5 in two buckets, the 2000 alone); the stored one's bucket has its float buffer
+    // (4096 bytes) and a copy of its 777.
+    CHECK(buckets.buffer_bytes() == 2 * (300 + 5) + 2 * 2000 + 4096 + 2 * 777);
     for (int step = 0; step < 2; ++step) {
       auto fill = [&](float* g, std::size_t count, int index) {
         for (std::size_t e = 0; e < count; ++e) g[e] = float(contribution(seed, comm.rank(), step, index, e));

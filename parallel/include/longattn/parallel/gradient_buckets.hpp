@@ -20,7 +20,8 @@
 //
 // Precision: float gradients can travel in 16 bits (options.reduce_type bfloat16 or float16: half
 // the bytes): each bucket is rounded into a 16-bit copy, that copy is all-reduced (sums rounded
-// at each addition) and widened back into the float gradients.
+// at each addition) and widened back into the float gradients. Kept gradients are rounded
+// straight into the copy, so such a bucket holds half the memory of a float one.
 //
 // Memory: gradients and buckets are in the memory of the context's space (ExecSpace, the host's
 // by default); copies run on its instance. Host memory reduces through MPI (nonblocking, tested
@@ -123,7 +124,7 @@ class GradientBuckets {
     for (Bucket& bucket : buckets_) {
       bucket.request.wait();
       if (bucket.narrowed()) narrow_or_widen(bucket, false);
-      if (!bucket.stores_gradients && !bucket.alone)
+      else if (bucket.packs_kept())
         for (const int m : bucket.members) {
           const Gradient& g = gradients_[std::size_t(m)];
           Kokkos::deep_copy(context_.exec(), bytes(g.data, g.count * size_of(g.type)),
@@ -177,6 +178,7 @@ class GradientBuckets {
     Request request;
     bool started = false;
     bool narrowed() const { return reduced_as != type; }
+    bool packs_kept() const { return !stores_gradients && !alone; }  // kept gradients, copied in
   };
 
   // Buckets are laid out as gradients come: consecutive gradients of one type and one kind fill a
@@ -225,9 +227,9 @@ class GradientBuckets {
   // (a kept gradient alone is reduced where it is).
   void freeze() {
     for (Bucket& bucket : buckets_) {
-      if (!bucket.stores_gradients && !bucket.alone) bucket.buffer = make_buffer(bucket.count * size_of(bucket.type));
       bucket.reduced_as = bucket.type == DataType::float32 ? options_.reduce_type : bucket.type;
       if (bucket.narrowed()) bucket.narrow = make_buffer(bucket.count * size_of(bucket.reduced_as));
+      else if (bucket.packs_kept()) bucket.buffer = make_buffer(bucket.count * size_of(bucket.type));
       bucket.pending = int(bucket.members.size());
     }
     ready_.assign(gradients_.size(), false);
@@ -235,19 +237,22 @@ class GradientBuckets {
     frozen_ = true;
   }
 
-  // Packs a bucket of kept gradients (nothing to do for the others) and starts its reduction:
+  // Packs a bucket of kept gradients (or rounds a bucket into its 16-bit copy; nothing to do for
+  // the others) and starts its reduction:
   // nonblocking when it can overlap the rest of backward; on host memory blocking when wait()
   // gets to it, as there is nothing left to overlap and MPI's blocking collectives are faster.
   void start(Bucket& bucket, bool blocking) {
     const ExecSpace& exec = context_.exec();
     const std::size_t element = size_of(bucket.type);
-    if (!bucket.stores_gradients && !bucket.alone)
+    if (bucket.narrowed()) {
+      narrow_or_widen(bucket, true);
+    } else if (bucket.packs_kept()) {
       for (const int m : bucket.members) {
         const Gradient& g = gradients_[std::size_t(m)];
         Kokkos::deep_copy(exec, bytes(bucket.buffer.data() + g.offset * element, g.count * element),
                           bytes(g.data, g.count * element));
       }
-    if (bucket.narrowed()) narrow_or_widen(bucket, true);
+    }
     void* data = bucket.narrowed() ? static_cast<void*>(bucket.narrow.data()) : values(bucket);
     constexpr bool host_memory = Kokkos::SpaceAccessibility<Kokkos::HostSpace, memory_space>::accessible;
     if (host_memory && blocking) {
@@ -267,12 +272,20 @@ class GradientBuckets {
                                                     : static_cast<void*>(bucket.buffer.data());
   }
 
-  // A float32 bucket's values into its 16-bit copy (before the reduction) or back (after).
+  // A float32 bucket's values into its 16-bit copy (before the reduction) or back (after): kept
+  // gradients straight from and into their own memory (such a bucket has no float buffer), the
+  // others from and into the bucket's values.
   void narrow_or_widen(const Bucket& bucket, bool narrow) const {
-    auto* wide = static_cast<float*>(values(bucket));
     auto run = [&](auto* half) {
-      if (narrow) longattn::convert(context_.exec(), wide, half, bucket.count);
-      else longattn::convert(context_.exec(), half, wide, bucket.count);
+      auto one = [&](void* wide, std::size_t offset, std::size_t count) {
+        if (narrow) longattn::convert(context_.exec(), static_cast<const float*>(wide), half + offset, count);
+        else longattn::convert(context_.exec(), half + offset, static_cast<float*>(wide), count);
+      };
+      if (!bucket.packs_kept()) return one(values(bucket), 0, bucket.count);
+      for (const int m : bucket.members) {
+        const Gradient& g = gradients_[std::size_t(m)];
+        one(g.data, g.offset, g.count);
+      }
     };
     if (bucket.reduced_as == DataType::bfloat16) run(reinterpret_cast<bfloat16*>(bucket.narrow.data()));
     else run(reinterpret_cast<float16*>(bucket.narrow.data()));
