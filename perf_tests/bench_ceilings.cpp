@@ -1,5 +1,7 @@
 // The machine's ceilings as benchmarks: FP32 FMA peak per execution space, and sgemm through
-// longattn::gemm (Kokkos Kernels -> OpenBLAS) at several sizes on one BLAS thread and on all.
+// longattn::gemm (Kokkos Kernels -> OpenBLAS) at several sizes on one BLAS thread and on all;
+// gemm of bfloat16 A and B against sgemm at the same shapes (the trainer's among them), on the
+// CPU's bf16 dot products and on float copies.
 //
 // sgemm n x n x n does 2 n^3 FLOPs and must move at least 3 n^2 floats (12 n^2 bytes); from
 // n = 256 on it is compute-bound on this CPU (arithmetic intensity n/6 FLOP/byte).
@@ -8,6 +10,7 @@
 #include "longattn/core/blas.hpp"
 #include "longattn/core/ceilings.hpp"
 #include "longattn/core/runtime.hpp"
+#include "longattn/core/gemm.hpp"
 
 namespace {
 
@@ -62,6 +65,53 @@ void BM_SgemmPrescottKernels(benchmark::State& state) {
   longattn::detail::switch_openblas_kernels(selected);
 }
 
+// C (float) = op(A) op(B) for an m x n x k product; Args: {m, n, k, transposes (0 NN, 1 NT, 2 TN),
+// operands (0: float through the BLAS; 1: bfloat16 on float copies; 2: bfloat16 on the CPU's bf16
+// dot products)}, on ExecSpace's threads (the BLAS set to as many).
+template <class ExecSpace>
+void BM_Gemm(benchmark::State& state) {
+  const int m = int(state.range(0)), n = int(state.range(1)), k = int(state.range(2));
+  const char* trans_a = state.range(3) == 2 ? "T" : "N";
+  const char* trans_b = state.range(3) == 1 ? "T" : "N";
+  const int operands = int(state.range(4));
+  if (operands == 2 && !longattn::bf16_dot_products_available()) {
+    state.SkipWithError("this CPU has no bf16 dot products (AVX512-BF16)");
+    return;
+  }
+  const ExecSpace exec;
+  const int blas_threads = longattn::blas_runtime().threads;
+  longattn::set_blas_threads(exec.concurrency());
+  const bool dot_products_before = longattn::bf16_dot_products_in_use();
+  longattn::use_bf16_dot_products(operands == 2);
+  const longattn::ExecutionContext<ExecSpace> ctx(exec);
+  const int a_rows = trans_a[0] == 'T' ? k : m, a_cols = trans_a[0] == 'T' ? m : k;
+  const int b_rows = trans_b[0] == 'T' ? n : k, b_cols = trans_b[0] == 'T' ? k : n;
+  Kokkos::View<float**, Kokkos::LayoutRight, typename ExecSpace::memory_space> c("C", m, n);
+  auto run = [&](const auto& a, const auto& b) {
+    Kokkos::deep_copy(a, std::decay_t<decltype(a(0, 0))>(0.5f));
+    Kokkos::deep_copy(b, std::decay_t<decltype(b(0, 0))>(0.25f));
+    longattn::gemm(ctx, trans_a, trans_b, 1.0f, a, b, 0.0f, c);  // warm-up: buffers, page faults
+    Kokkos::Timer timer;
+    for (auto _ : state) {
+      longattn::gemm(ctx, trans_a, trans_b, 1.0f, a, b, 0.0f, c);
+      exec.fence();
+    }
+    return timer.seconds();
+  };
+  double seconds = 0;
+  if (operands == 0)
+    seconds = run(Kokkos::View<float**, Kokkos::LayoutRight, typename ExecSpace::memory_space>("A", a_rows, a_cols),
+        Kokkos::View<float**, Kokkos::LayoutRight, typename ExecSpace::memory_space>("B", b_rows, b_cols));
+  else
+    seconds = run(Kokkos::View<longattn::bfloat16**, Kokkos::LayoutRight, typename ExecSpace::memory_space>("A", a_rows, a_cols),
+        Kokkos::View<longattn::bfloat16**, Kokkos::LayoutRight, typename ExecSpace::memory_space>("B", b_rows, b_cols));
+  const double flops = 2.0 * m * double(n) * k * double(state.iterations());
+  state.counters["FLOP/s"] = benchmark::Counter(flops, benchmark::Counter::kIsRate);
+  state.counters["fraction_of_peak"] = flops / seconds * 1e-9 / (fma_peak_gflops_one_core * exec.concurrency());
+  longattn::use_bf16_dot_products(dot_products_before);
+  longattn::set_blas_threads(blas_threads > 0 ? blas_threads : Host().concurrency());
+}
+
 }  // namespace
 
 // Arg: FMA rounds per launch.
@@ -70,6 +120,18 @@ BENCHMARK_TEMPLATE(BM_FmaPeak, Host)->Arg(1 << 18)->UseRealTime()->Unit(benchmar
 // Args: {n, BLAS threads (0 = all)}.
 BENCHMARK(BM_Sgemm)->ArgsProduct({{256, 512, 1024, 2048}, {1, 0}})->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_SgemmPrescottKernels)->Args({2048, 1})->UseRealTime()->Unit(benchmark::kMillisecond);
+// Square, then the default trainer's linear layers at 2048 rows per rank (embed 128: QKV forward,
+// its weight gradient, its input gradient; the MLP's 512-wide forward).
+BENCHMARK_TEMPLATE(BM_Gemm, Kokkos::Serial)
+    ->ArgsProduct({{1024}, {1024}, {1024}, {0}, {0, 1, 2}})
+    ->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK_TEMPLATE(BM_Gemm, Host)
+    ->ArgsProduct({{2048}, {2048}, {2048}, {0}, {0, 1, 2}})
+    ->ArgsProduct({{2048}, {384}, {128}, {1}, {0, 1, 2}})
+    ->ArgsProduct({{384}, {128}, {2048}, {2}, {0, 1, 2}})
+    ->ArgsProduct({{2048}, {128}, {384}, {0}, {0, 1, 2}})
+    ->ArgsProduct({{2048}, {512}, {128}, {1}, {0, 1, 2}})
+    ->UseRealTime()->Unit(benchmark::kMillisecond);
 
 int main(int argc, char* argv[]) {
   longattn::ScopeGuard guard(argc, argv, {/*select_blas_kernels=*/true});

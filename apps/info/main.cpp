@@ -18,6 +18,7 @@
 #include "longattn/core/blas.hpp"
 #include "longattn/core/build_info.hpp"
 #include "longattn/core/ceilings.hpp"
+#include "longattn/core/gemm.hpp"
 #include "longattn/core/runtime.hpp"
 #include "longattn/error.hpp"
 #include "longattn/memory/topology.hpp"
@@ -77,6 +78,13 @@ Ceilings measure(const Options& options) {
   return c;
 }
 
+// What gemm of bfloat16 matrices runs on in this process.
+std::string bf16_gemm_text() {
+  if (longattn::bf16_dot_products_in_use()) return "the CPU's bf16 dot products (AVX512-BF16)";
+  if (longattn::bf16_dot_products_available()) return "float copies and sgemm (bf16 dot products off: LONGATTN_BF16_DOT_PRODUCTS=0)";
+  return "float copies and sgemm (no bf16 dot products on this CPU or build)";
+}
+
 void print_report(std::ostream& out, const Report& report, const Options& options) {
   const auto& build = report.build;
   const auto& blas = report.blas;
@@ -93,6 +101,7 @@ void print_report(std::ostream& out, const Report& report, const Options& option
   out << "  BLAS              " << blas.library << "\n";
   out << "  BLAS kernels      " << (blas.kernels.empty() ? "unknown" : blas.kernels) << ": "
       << blas.selection << "\n";
+  out << "  bf16 gemm         " << bf16_gemm_text() << "\n";
   out << "  communication     " << join(report.communication, "; ") << "\n";
   out << "  hwloc             " << (build.hwloc ? "yes" : "no") << "\n\n";
 
@@ -147,7 +156,7 @@ nlohmann::json to_json(const Report& report, const Options& options) {
                 {"kokkos_kernels", build.kokkos_kernels_version},
                 {"execution_spaces", build.execution_spaces}, {"architecture", build.architecture},
                 {"blas", blas.library}, {"blas_kernels", blas.kernels}, {"blas_selection", blas.selection},
-                {"communication", report.communication}};
+                {"communication", report.communication}, {"bf16_gemm", bf16_gemm_text()}};
   j["machine"] = {{"source", machine.source}, {"cpu", machine.cpu_model}, {"packages", machine.packages},
                   {"numa_nodes", machine.numa_nodes}, {"numa_memory_bytes", machine.numa_memory_bytes},
                   {"cores", machine.cores}, {"hardware_threads", machine.hardware_threads}};

@@ -1,6 +1,7 @@
 // longattn::gemm against the naive double-precision reference: odd sizes, every transpose
 // combination, both layouts, float and double, on every enabled execution space; 16-bit storage
-// (bfloat16, float16) through gemm(ctx, ...) with C of the same type or float; column sums.
+// (bfloat16, float16) through gemm(ctx, ...) with C of the same type or float, bfloat16 both through
+// float copies and on the CPU's bf16 dot products; column sums.
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <vector>
@@ -47,22 +48,26 @@ void check_gemm(const char* trans_a, const char* trans_b, int m, int n, int k, s
 
 // A and B of the 16-bit type T, C of CT (T or float), in a context with its own pool: the float
 // copies of the operands come from it and go back to it.
-template <class T, class CT, class ExecSpace>
-void check_gemm_16bit(const char* trans_a, const char* trans_b, int m, int n, int k, std::mt19937_64& rng) {
+// With beta = 0, C starts as NaN: gemm must not read it. Layout applies to A, B and C (LayoutLeft
+// gives C a column stride other than 1).
+template <class T, class CT, class ExecSpace, class Layout = Kokkos::LayoutRight>
+void check_gemm_16bit(const char* trans_a, const char* trans_b, int m, int n, int k, std::mt19937_64& rng,
+                      double beta = -0.5) {
   using Memory = typename ExecSpace::memory_space;
   const bool ta = trans_a[0] != 'N', tb = trans_b[0] != 'N';
-  Kokkos::View<T**, Kokkos::LayoutRight, Memory> a("A", ta ? k : m, ta ? m : k), b("B", tb ? n : k, tb ? k : n);
-  Kokkos::View<CT**, Kokkos::LayoutRight, Memory> c("C", m, n);
+  Kokkos::View<T**, Layout, Memory> a("A", ta ? k : m, ta ? m : k), b("B", tb ? n : k, tb ? k : n);
+  Kokkos::View<CT**, Layout, Memory> c("C", m, n);
   const auto ha = random_values(a, rng), hb = random_values(b, rng);
   const auto hc = random_values(c, rng);  // of another type than A's and B's when CT is float
-  const double alpha = 0.75, beta = -0.5;
+  const double alpha = 0.75;
   const auto expected = longattn::test::reference_gemm(ta, tb, alpha, ha, hb, beta, hc);  // of the stored values
+  if (beta == 0) Kokkos::deep_copy(c, CT(std::nanf("")));
   const longattn::memory::Pool<Memory> pool;
   longattn::gemm(longattn::ExecutionContext<ExecSpace>(ExecSpace(), pool), trans_a, trans_b, float(alpha), a, b,
                  float(beta), c);
   Kokkos::deep_copy(hc, c);
   CHECK(pool.stats().in_use_bytes == 0);
-  CHECK(pool.stats().allocations >= 2);  // the operands' float copies
+  CHECK(pool.stats().allocations >= 2);  // the operands' float copies or packed panels
   // Float sums of exact products, then one rounding into C's type (unit roundoff u).
   const double u = std::is_same_v<CT, float> ? 6e-8 : std::is_same_v<CT, longattn::bfloat16> ? 1.0 / 256 : 1.0 / 2048;
   double worst = 0, largest = 0;
@@ -76,10 +81,23 @@ void check_gemm_16bit(const char* trans_a, const char* trans_b, int m, int n, in
   CHECK(worst <= u * largest + 8 * 6e-8 * k);
 }
 
+// Turns gemm's use of bf16 dot products on or off while it lives.
+class Bf16DotProducts {
+ public:
+  explicit Bf16DotProducts(bool on) : before_(longattn::bf16_dot_products_in_use()) { longattn::use_bf16_dot_products(on); }
+  ~Bf16DotProducts() { longattn::use_bf16_dot_products(before_); }
+  Bf16DotProducts(const Bf16DotProducts&) = delete;
+  Bf16DotProducts& operator=(const Bf16DotProducts&) = delete;
+
+ private:
+  bool before_;
+};
+
 }  // namespace
 
 TEMPLATE_LIST_TEST_CASE("gemm in 16-bit storage sums in float and rounds once", "[core][gemm][half]",
                         longattn::test::ExecutionSpaces) {
+  const Bf16DotProducts off(false);  // the portable path (float copies), on every CPU
   std::mt19937_64 rng(longattn::test::test_seed());
   for (const char* ta : {"N", "T"})
     for (const char* tb : {"N", "T"}) {
@@ -105,6 +123,30 @@ TEMPLATE_LIST_TEST_CASE("gemm in 16-bit storage sums in float and rounds once", 
     for (int r = 0; r < rows; ++r) expected += double(float(ha(r, c)));
     CHECK(result(c) == Approx(expected).epsilon(0).margin(40 * 6e-8));
   }
+}
+
+TEMPLATE_LIST_TEST_CASE("gemm of bfloat16 on the CPU's bf16 dot products matches the reference",
+                        "[core][gemm][half]", longattn::test::ExecutionSpaces) {
+  if (!longattn::bf16_dot_products_available() ||
+      !std::is_same_v<typename TestType::memory_space, Kokkos::HostSpace>) {
+    WARN("SKIP: bf16 dot products need a host space on a CPU with AVX512-BF16 (this build or CPU has none)");
+    return;
+  }
+  const Bf16DotProducts on(true);
+  REQUIRE(longattn::bf16_dot_products_in_use());
+  std::mt19937_64 rng(longattn::test::test_seed());
+  using longattn::bfloat16;
+  for (const char* ta : {"N", "T"})
+    for (const char* tb : {"N", "T"}) {
+      // Edges in both directions, an odd depth, several row blocks (8 panels of 12 rows each)
+      // and column panels (32 columns), depth 1, one row; C strided (LayoutLeft); beta = 0.
+      check_gemm_16bit<bfloat16, bfloat16, TestType>(ta, tb, 203, 75, 37, rng);
+      check_gemm_16bit<bfloat16, float, TestType>(ta, tb, 12 * 8 + 1, 64, 128, rng);
+      check_gemm_16bit<bfloat16, float, TestType>(ta, tb, 1, 33, 1, rng);
+      check_gemm_16bit<bfloat16, bfloat16, TestType, Kokkos::LayoutLeft>(ta, tb, 29, 41, 19, rng);
+      check_gemm_16bit<bfloat16, float, TestType, Kokkos::LayoutLeft>(ta, tb, 13, 31, 300, rng, 0.0);
+      check_gemm_16bit<bfloat16, bfloat16, TestType>(ta, tb, 40, 70, 66, rng, 0.0);
+    }
 }
 
 TEMPLATE_LIST_TEST_CASE("gemm matches the double reference", "[core][gemm]", longattn::test::ExecutionSpaces) {

@@ -9,9 +9,11 @@
 //
 // 16-bit storage (bfloat16, float16) goes through gemm(ctx, ...): A and B of one 16-bit type, C
 // of that type or float. Products of 16-bit values are exact in float and the sums are taken in
-// float (mixed precision, as tensor cores do); here that is the float gemm on float copies of the
-// operands, taken from ctx.pool() while the call runs, the result rounded into a 16-bit C. The
-// copies cost memory traffic, not FLOPs. add_column_sums sums a 16-bit matrix in float.
+// float (mixed precision, as tensor cores do). bfloat16 on a host space whose CPU has bf16 dot
+// products (AVX512-BF16) runs on them (detail/bf16_gemm.hpp: twice the products per instruction
+// of a float FMA); otherwise it is the float gemm on float copies of the operands, taken from
+// ctx.pool() while the call runs, the result rounded into a 16-bit C. add_column_sums sums a
+// 16-bit matrix in float.
 #include <KokkosBlas2_gemv.hpp>
 #include <KokkosBlas3_gemm.hpp>
 #include <Kokkos_Core.hpp>
@@ -21,6 +23,7 @@
 
 #include "longattn/checks.hpp"
 #include "longattn/core/convert.hpp"
+#include "longattn/core/detail/bf16_gemm.hpp"
 #include "longattn/core/execution_context.hpp"
 #include "longattn/core/half.hpp"
 #include "longattn/error.hpp"
@@ -56,21 +59,18 @@ void on_instance(const ExecSpace& exec, Call&& call) {
 }
 }  // namespace detail
 
-template <class ExecSpace, class AView, class BView, class CView>
-void gemm(const ExecSpace& exec, const char* trans_a, const char* trans_b, typename CView::const_value_type alpha,
-          const AView& a, const BView& b, typename CView::const_value_type beta, const CView& c) {
-  static_assert(Kokkos::is_execution_space<ExecSpace>::value, "longattn::gemm(exec, ...): an execution space instance");
-  static_assert(AView::rank == 2 && BView::rank == 2 && CView::rank == 2,
-                "longattn::gemm takes rank-2 views");
+namespace detail {
+// Throws longattn::Error unless trans_a, trans_b name a transpose and op(A) op(B) fits C.
+template <class AView, class BView, class CView>
+void check_gemm_arguments(const char* trans_a, const char* trans_b, const AView& a, const BView& b, const CView& c) {
+  static_assert(AView::rank == 2 && BView::rank == 2 && CView::rank == 2, "longattn::gemm takes rank-2 views");
   const char* where = "longattn::gemm";
-  require(detail::valid_trans(trans_a), where, "trans_a", trans_a ? trans_a : "null",
-          "\"N\", \"T\" or \"C\"");
-  require(detail::valid_trans(trans_b), where, "trans_b", trans_b ? trans_b : "null",
-          "\"N\", \"T\" or \"C\"");
-  const auto rows_a = detail::transposed(trans_a) ? a.extent(1) : a.extent(0);
-  const auto inner_a = detail::transposed(trans_a) ? a.extent(0) : a.extent(1);
-  const auto inner_b = detail::transposed(trans_b) ? b.extent(1) : b.extent(0);
-  const auto cols_b = detail::transposed(trans_b) ? b.extent(0) : b.extent(1);
+  require(valid_trans(trans_a), where, "trans_a", trans_a ? trans_a : "null", "\"N\", \"T\" or \"C\"");
+  require(valid_trans(trans_b), where, "trans_b", trans_b ? trans_b : "null", "\"N\", \"T\" or \"C\"");
+  const auto rows_a = transposed(trans_a) ? a.extent(1) : a.extent(0);
+  const auto inner_a = transposed(trans_a) ? a.extent(0) : a.extent(1);
+  const auto inner_b = transposed(trans_b) ? b.extent(1) : b.extent(0);
+  const auto cols_b = transposed(trans_b) ? b.extent(0) : b.extent(1);
   auto expect = [](const char* what, std::size_t n) {
     std::ostringstream s;
     s << n << " (" << what << ")";
@@ -79,6 +79,14 @@ void gemm(const ExecSpace& exec, const char* trans_a, const char* trans_b, typen
   require(inner_b == inner_a, where, "B's inner extent", inner_b, expect("columns of op(A)", inner_a));
   require(c.extent(0) == rows_a, where, "C.extent(0)", c.extent(0), expect("rows of op(A)", rows_a));
   require(c.extent(1) == cols_b, where, "C.extent(1)", c.extent(1), expect("columns of op(B)", cols_b));
+}
+}  // namespace detail
+
+template <class ExecSpace, class AView, class BView, class CView>
+void gemm(const ExecSpace& exec, const char* trans_a, const char* trans_b, typename CView::const_value_type alpha,
+          const AView& a, const BView& b, typename CView::const_value_type beta, const CView& c) {
+  static_assert(Kokkos::is_execution_space<ExecSpace>::value, "longattn::gemm(exec, ...): an execution space instance");
+  detail::check_gemm_arguments(trans_a, trans_b, a, b, c);
   detail::on_instance(exec, [&](const auto&... space) { KokkosBlas::gemm(space..., trans_a, trans_b, alpha, a, b, beta, c); });
 }
 
@@ -99,6 +107,14 @@ memory::PooledView<FloatMatrix<ExecSpace>> widened(const ExecutionContext<ExecSp
 
 // C = alpha op(A) op(B) + beta C in `ctx`: gemm(ctx.exec(), ...) for float and double; for 16-bit
 // A and B (C of their type or float) on float copies from ctx.pool(), see above.
+// Whether this CPU has bf16 dot products that gemm can use (x86-64 with AVX512-BF16).
+bool bf16_dot_products_available();
+// Whether gemm uses them now: available, and not turned off by use_bf16_dot_products(false) or by
+// LONGATTN_BF16_DOT_PRODUCTS=0 in the environment (read at the first call; "1" or unset: on).
+bool bf16_dot_products_in_use();
+// Turns their use on (where available) or off for the process, e.g. to compare both paths.
+void use_bf16_dot_products(bool on);
+
 template <class ExecSpace, class AView, class BView, class CView>
 void gemm(const ExecutionContext<ExecSpace>& ctx, const char* trans_a, const char* trans_b,
           accumulate_t<scalar_of<CView>> alpha, const AView& a, const BView& b, accumulate_t<scalar_of<CView>> beta,
@@ -112,6 +128,13 @@ void gemm(const ExecutionContext<ExecSpace>& ctx, const char* trans_a, const cha
   } else {
     static_assert(std::is_same_v<TC, TA> || std::is_same_v<TC, float>,
                   "longattn::gemm: C of 16-bit A and B holds their type or float");
+    if constexpr (std::is_same_v<TA, bfloat16> && std::is_same_v<typename ExecSpace::memory_space, Kokkos::HostSpace>) {
+      if (bf16_dot_products_in_use()) {
+        detail::check_gemm_arguments(trans_a, trans_b, a, b, c);
+        detail::bf16_dot_product_gemm(ctx, detail::transposed(trans_a), detail::transposed(trans_b), alpha, a, b, beta, c);
+        return;
+      }
+    }
     const auto a32 = detail::widened(ctx, a, true);
     const auto b32 = detail::widened(ctx, b, true);
     if constexpr (std::is_same_v<TC, float>) {
@@ -129,7 +152,7 @@ void gemm(const ExecutionContext<ExecSpace>& ctx, const char* trans_a, const cha
 // one gemv on the same memory read as the LayoutLeft [cols, rows] matrix a^T, which reaches the
 // BLAS (Kokkos Kernels' own transposed gemv over LayoutRight took 6% of a training step).
 // `ones` holds at least `rows` ones. Runs on `exec` as gemm does. A 16-bit `a` (sums: float) is
-// summed by a kernel instead, one thread per column in row order (`ones` is not read).
+// summed by a kernel instead, in row order (`ones` is not read).
 template <class ExecSpace, class AView, class OnesView, class SumsView>
 void add_column_sums(const ExecSpace& exec, const AView& a, const OnesView& ones, const SumsView& sums) {
   static_assert(AView::rank == 2 && OnesView::rank == 1 && SumsView::rank == 1,
@@ -144,12 +167,19 @@ void add_column_sums(const ExecSpace& exec, const AView& a, const OnesView& ones
   using T = typename AView::non_const_value_type;
   static_assert(std::is_same_v<scalar_of<SumsView>, accumulate_t<T>>, "add_column_sums: sums of accumulate_t of a's type");
   if constexpr (is_half_v<T>) {
+    // A thread sums `width` neighbouring columns down the rows: contiguous reads on a CPU (16
+    // columns), one column per thread (reads coalesced across threads) on a device.
+    constexpr int width = Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename ExecSpace::memory_space>::accessible ? 16 : 1;
     const std::int64_t rows = a.extent(0);
+    const int cols = int(a.extent(1));
     Kokkos::parallel_for(
-        "longattn::add_column_sums", Kokkos::RangePolicy<ExecSpace>(exec, 0, int(a.extent(1))), KOKKOS_LAMBDA(int c) {
-          float sum = 0;
-          for (std::int64_t r = 0; r < rows; ++r) sum += float(a(r, c));
-          sums(c) += sum;
+        "longattn::add_column_sums", Kokkos::RangePolicy<ExecSpace>(exec, 0, (cols + width - 1) / width),
+        KOKKOS_LAMBDA(int block) {
+          const int first = block * width, count = cols - first < width ? cols - first : width;
+          float sum[width] = {};
+          for (std::int64_t r = 0; r < rows; ++r)
+            for (int c = 0; c < count; ++c) sum[c] += float(a(r, first + c));
+          for (int c = 0; c < count; ++c) sums(first + c) += sum[c];
         });
   } else {
     using Memory = typename AView::memory_space;
