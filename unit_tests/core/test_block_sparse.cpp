@@ -383,6 +383,12 @@ TEST_CASE("invalid block-sparse layouts and parameters throw a longattn::Error",
                     Catch::Contains("'row_offsets[3]' is 2, expected 3 (the number of key block entries)"));
   CHECK_THROWS_WITH(csr({0, 2, 1, 3}, {0, 1, 1}),
                     Catch::Contains("'row_offsets[2]' is 1, expected at least row_offsets[1] = 2"));
+  // Non-decreasing until an offset past the entries (found by fuzz_block_sparse: the row's entries
+  // were read up to it, outside the array), or before a negative one.
+  CHECK_THROWS_WITH(csr({0, 1000, 1000, 3}, {0, 0, 1}),
+                    Catch::Contains("'row_offsets[1]' is 1000, expected at most 3 (the number of key block entries)"));
+  CHECK_THROWS_WITH(csr({0, -5, 2, 3}, {0, 0, 1}),
+                    Catch::Contains("'row_offsets[1]' is -5, expected at least row_offsets[0] = 0"));
   CHECK_THROWS_WITH(csr({0, 1, 3, 4}, {0, 1, 0, 0}),
                     Catch::Contains("'key blocks of row 1 (batch 0, head 0, query block 1)' is [1, 0], expected ascending "
                                     "key block indices in [0, 2) without duplicates"));

@@ -79,17 +79,19 @@ KOKKOS_INLINE_FUNCTION bool sorted_contains(const int* entries, std::int64_t beg
   return low < end && entries[low] == value;
 }
 
-// The first row of a block-CSR whose offsets decrease or whose entries are not ascending in
-// [0, key_blocks); `rows` if none. One pass on the execution space.
+// The first row of a block-CSR whose offsets decrease or leave [0, entry count], or whose entries
+// are not ascending in [0, key_blocks); `rows` if none. One pass on the execution space; a row's
+// entries are read only once its offsets are known to be inside the entries.
 template <class ExecSpace, class Offsets, class Indices>
 std::int64_t first_invalid_row(const ExecSpace& exec, std::int64_t rows, int key_blocks, const Offsets& offsets,
                                const Indices& entries) {
   std::int64_t first_bad = 0;
+  const std::int64_t count = std::int64_t(entries.extent(0));
   Kokkos::parallel_reduce(
       "longattn::BlockSparseLayout::validate", Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(exec, 0, rows),
       KOKKOS_LAMBDA(std::int64_t row, std::int64_t & bad) {
         const std::int64_t begin = offsets(row), end = offsets(row + 1);
-        bool ok = begin <= end;
+        bool ok = 0 <= begin && begin <= end && end <= count;
         for (std::int64_t n = begin; ok && n < end; ++n)
           ok = entries(n) >= 0 && entries(n) < key_blocks && (n == begin || entries(n - 1) < entries(n));
         if (!ok && row < bad) bad = row;
@@ -248,6 +250,11 @@ class BlockSparseLayout {
       throw_invalid_argument(where, "row_offsets[" + std::to_string(bad + 1) + "]", bounds(1),
                              "at least row_offsets[" + std::to_string(bad) + "] = " + std::to_string(bounds(0)) +
                                  " (offsets never decrease)");
+    // The rows before `bad` are valid, so bounds(0) is in [0, entries]; bounds(1) may be past them.
+    const std::int64_t entries = std::int64_t(key_blocks_.extent(0));
+    if (bounds(1) > entries)
+      throw_invalid_argument(where, "row_offsets[" + std::to_string(bad + 1) + "]", bounds(1),
+                             "at most " + std::to_string(entries) + " (the number of key block entries)");
     const int query_blocks = shape_.query_blocks();
     std::ostringstream row;
     row << "key blocks of row " << bad << " (batch " << bad / query_blocks / shape_.heads << ", head "
