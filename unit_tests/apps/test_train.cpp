@@ -1,15 +1,18 @@
 // longattn-train's pieces and its loop: the whole model's gradients by finite differences, the
 // optimizer against its formulas, the data, checkpoints (atomic, refused when corrupted or
-// mismatched), the loss falling on real text, recomputation and micro-batches against the plain
+// mismatched, or with bad metadata; a failed write keeps the previous one), the loss falling on real text, recomputation and micro-batches against the plain
 // step, bf16/fp16 against fp32 and fp16 loss scaling, and the grid: DP = 2 and CP = 2 (ring
 // attention, distributed dilated attention, block-sparse ring) give the losses of one rank. Runs
 // at 1 and 2 ranks; the grid comparisons need 2 (at 1 they say SKIP).
 #include <catch2/catch.hpp>
+#include <sys/resource.h>
 
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <random>
 #include <sstream>
 
@@ -502,6 +505,91 @@ TEST_CASE("a resumed run gives the losses of an uninterrupted one", "[train][che
     std::filesystem::remove(shared_path("resume.ckpt"));
     std::filesystem::remove(shared_path("not-a-checkpoint"));
   }
+}
+
+TEST_CASE("checkpoints with bad metadata are refused naming the field", "[train][checkpoint][errors]") {
+  const auto world = test::throwing_world();
+  TrainConfig c = tiny_config();
+  c.checkpoint = shared_path("metadata.ckpt");
+  c.stop_after = 2;
+  run_training(c, world, nullptr);
+  c.stop_after = 0;
+  c.resume = true;
+  const Checkpoint good = read_checkpoint(c.checkpoint);
+  // The metadata is not covered by the checksum: write_checkpoint re-checksums the payload, so
+  // only the field read from the metadata can refuse the file.
+  auto resume_with = [&](const std::function<void(nlohmann::json&)>& edit, const std::string& text) {
+    world.barrier();
+    if (world.rank() == 0) {
+      Checkpoint changed = good;
+      edit(changed.metadata);
+      write_checkpoint(c.checkpoint, changed);
+    }
+    world.barrier();
+    CHECK_THROWS_WITH(run_training(c, world, nullptr), Catch::Contains(text));
+  };
+  resume_with([](nlohmann::json& m) { m.erase("step"); }, "checkpoint's step' is missing");
+  resume_with([](nlohmann::json& m) { m["step"] = "2"; }, "checkpoint's step' is \"2\", expected an integer in [0, 5]");
+  resume_with([](nlohmann::json& m) { m["step"] = 6; }, "checkpoint's step' is 6");
+  resume_with([](nlohmann::json& m) { m["optimizer_steps"] = -1; }, "checkpoint's optimizer_steps' is -1");
+  resume_with([](nlohmann::json& m) { m["rng"] = "not an engine"; }, "checkpoint's rng");
+  resume_with([](nlohmann::json& m) { m["rng"] = 7; }, "checkpoint's rng' is 7");
+  resume_with([](nlohmann::json& m) { m["loss_scale"] = -1.0; }, "checkpoint's loss_scale' is -1.0");
+  resume_with([](nlohmann::json& m) { m["loss_scale"] = 2.0; m["good_steps"] = "x"; }, "checkpoint's good_steps");
+
+  // Files that read_checkpoint itself refuses: the fields that size the payload.
+  const std::string header = "longattn-checkpoint 1\n";
+  auto read_refuses = [&](const std::string& metadata, const std::string& text) {
+    world.barrier();
+    if (world.rank() == 0) std::ofstream(c.checkpoint, std::ios::binary) << header << metadata << "\nabcd";
+    world.barrier();
+    CHECK_THROWS_WITH(read_checkpoint(c.checkpoint), Catch::Contains(text));
+  };
+  read_refuses(R"({"payload_bytes": "4", "checksum": "0000000000000000"})", "payload_bytes' is \"4\"");
+  read_refuses(R"({"payload_bytes": -4, "checksum": "0000000000000000"})", "payload_bytes' is -4");
+  read_refuses(R"({"payload_bytes": 1000000000000000000, "checksum": "0000000000000000"})",
+               "no larger than the rest of the file, 4");
+  read_refuses(R"({"payload_bytes": 4, "checksum": 12})", "checksum' is 12");
+  read_refuses(R"({"payload_bytes": 4, "checksum": "00"})", "16 hex digits");
+  read_refuses(R"([1, 2])", "metadata with payload_bytes and checksum");
+  world.barrier();
+  if (world.rank() == 0) std::filesystem::remove(c.checkpoint);
+}
+
+TEST_CASE("a checkpoint write that fails leaves the previous checkpoint", "[train][checkpoint][errors]") {
+  const auto world = test::throwing_world();
+  TrainConfig c = tiny_config();
+  c.checkpoint = shared_path("full.ckpt");
+  c.stop_after = 2;
+  run_training(c, world, nullptr);
+  const std::uintmax_t bytes = std::filesystem::file_size(c.checkpoint);
+  // A file size limit below the checkpoint's (as a full disk or quota): writes past it fail with
+  // EFBIG once SIGXFSZ, which would kill the process, is ignored. Rank 0 writes.
+  rlimit before{};
+  REQUIRE(getrlimit(RLIMIT_FSIZE, &before) == 0);
+  rlimit limit = before;
+  limit.rlim_cur = rlim_t(bytes / 2);
+  const auto previous_handler = std::signal(SIGXFSZ, SIG_IGN);
+  REQUIRE(setrlimit(RLIMIT_FSIZE, &limit) == 0);
+  c.stop_after = 4;
+  c.resume = true;
+  std::string error;
+  try {
+    run_training(c, world, nullptr);
+  } catch (const longattn::Error& e) {
+    error = e.what();
+  }
+  REQUIRE(setrlimit(RLIMIT_FSIZE, &before) == 0);
+  std::signal(SIGXFSZ, previous_handler);
+  CHECK_THAT(error, Catch::Contains(c.checkpoint + ".tmp") && Catch::Contains("File too large"));
+  world.barrier();
+  // The step-2 checkpoint is whole and loadable, and no partial file is left beside it.
+  CHECK(read_checkpoint(c.checkpoint).metadata["step"] == 2);
+  CHECK_FALSE(std::filesystem::exists(c.checkpoint + ".tmp"));
+  c.stop_after = 0;
+  CHECK(run_training(c, world, nullptr).first_step == 3);
+  world.barrier();
+  if (world.rank() == 0) std::filesystem::remove(c.checkpoint);
 }
 
 TEST_CASE("a non-finite loss stops the run naming the step", "[train][errors]") {

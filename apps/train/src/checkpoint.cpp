@@ -78,8 +78,10 @@ void write_checkpoint(const std::string& path, const Checkpoint& checkpoint) {
 }
 
 Checkpoint read_checkpoint(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
   require(bool(in), where, "path", "\"" + path + "\"", "a readable checkpoint file");
+  const std::streamoff file_bytes = in.tellg();
+  in.seekg(0);
   const std::string quoted = "\"" + path + "\"";
   std::string line;
   require(bool(std::getline(in, line)) && line == magic, where, "path", quoted,
@@ -94,6 +96,15 @@ Checkpoint read_checkpoint(const std::string& path) {
   const auto& m = checkpoint.metadata;
   require(m.is_object() && m.contains("payload_bytes") && m.contains("checksum"), where, "path", quoted,
           "metadata with payload_bytes and checksum");
+  // The metadata is not checksummed: check what is read from it before it sizes anything.
+  const std::streamoff header_bytes = in.tellg();
+  require(m["payload_bytes"].is_number_unsigned() && header_bytes >= 0 &&
+              m["payload_bytes"].get<std::uint64_t>() <= std::uint64_t(file_bytes - header_bytes),
+          where, "checkpoint's payload_bytes", m["payload_bytes"].dump(),
+          "a byte count no larger than the rest of the file, " + std::to_string(file_bytes - header_bytes) +
+              " (" + path + " is truncated, or its metadata wrong)");
+  require(m["checksum"].is_string() && m["checksum"].get<std::string>().size() == 16, where, "checkpoint's checksum",
+          m["checksum"].dump(), "16 hex digits (" + path + ")");
   const std::size_t bytes = m["payload_bytes"].get<std::size_t>();
   checkpoint.payload.resize(bytes);
   in.read(reinterpret_cast<char*>(checkpoint.payload.data()), std::streamsize(bytes));

@@ -3,8 +3,10 @@
 #include <chrono>
 #include <cmath>
 #include <iomanip>
+#include <limits>
 #include <memory>
 #include <optional>
+#include <random>
 #include <sstream>
 #include <utility>
 #include <vector>
@@ -91,6 +93,45 @@ std::string duration(double seconds) {
 }
 
 }  // namespace
+
+// Where a checkpoint's run stands, read from its metadata and checked (the metadata is not
+// checksummed, and a checkpoint may come from anywhere).
+struct ResumePoint {
+  int step = 0;                      // 0-based step to start from
+  std::int64_t optimizer_steps = 0;
+  double loss_scale = 0;             // > 0 when written by an fp16 run
+  int good_steps = 0;
+  std::mt19937_64 rng;
+};
+
+ResumePoint resume_point(const nlohmann::json& m, const TrainConfig& c) {
+  const std::string file = " (in " + c.checkpoint + ")";
+  auto field = [&](const char* key, bool ok, const std::string& expected) -> const nlohmann::json& {
+    require(m.contains(key), program, std::string("checkpoint's ") + key, "missing", expected + file);
+    require(ok, program, std::string("checkpoint's ") + key, m[key].dump(), expected + file);
+    return m[key];
+  };
+  auto integer = [&](const char* key, std::int64_t low, std::int64_t high) {
+    const bool present = m.contains(key);
+    const bool ok = present && m[key].is_number_integer() && m[key].get<std::int64_t>() >= low &&
+                    m[key].get<std::int64_t>() <= high;
+    return field(key, ok, "an integer in [" + std::to_string(low) + ", " + std::to_string(high) + "]").get<std::int64_t>();
+  };
+  ResumePoint r;
+  r.step = int(integer("step", 0, c.steps));
+  r.optimizer_steps = integer("optimizer_steps", 0, std::numeric_limits<std::int64_t>::max());
+  const nlohmann::json& rng = field("rng", m.contains("rng") && m["rng"].is_string(), "a random engine's state");
+  std::istringstream text(rng.get<std::string>());
+  text >> r.rng;
+  require(bool(text), program, "checkpoint's rng", rng.dump().substr(0, 40), "a std::mt19937_64 state" + file);
+  if (m.contains("loss_scale")) {
+    const bool ok = m["loss_scale"].is_number() && m["loss_scale"].get<double>() > 0 &&
+                    std::isfinite(m["loss_scale"].get<double>());
+    r.loss_scale = field("loss_scale", ok, "a positive finite loss scale").get<double>();
+    r.good_steps = int(integer("good_steps", 0, std::numeric_limits<int>::max()));
+  }
+  return r;
+}
 
 void validate(const TrainConfig& c, int world_size) {
   validate(c.model);
@@ -248,8 +289,10 @@ TrainResult train(const TrainConfig& config, const parallel::Communicator& world
   // ---- resume
   if (config.resume) {
     Checkpoint checkpoint;
+    ResumePoint resume;
     world.checked(program, [&] {
       checkpoint = read_checkpoint(config.checkpoint);
+      resume = resume_point(checkpoint.metadata, config);
       const nlohmann::json& m = checkpoint.metadata;
       const nlohmann::json expected = run_identity(config);
       require(m.contains("run") && m["run"].is_object(), program, "checkpoint", "\"" + config.checkpoint + "\"",
@@ -267,14 +310,13 @@ TrainResult train(const TrainConfig& config, const parallel::Communicator& world
       p += part.size() * sizeof(float);
     }
     if constexpr (AdamW<Exec, T>::keeps_master_weights) optimizer.master_weights_changed();
-    const nlohmann::json& m = checkpoint.metadata;
-    first = m["step"].get<int>();
-    optimizer.set_steps(m["optimizer_steps"].get<std::int64_t>());
-    if (scaling && m.contains("loss_scale")) {  // written by an fp16 run
-      loss_scale = m["loss_scale"].get<double>();
-      good_steps = m["good_steps"].get<int>();
+    first = resume.step;
+    optimizer.set_steps(resume.optimizer_steps);
+    if (scaling && resume.loss_scale > 0) {  // written by an fp16 run
+      loss_scale = resume.loss_scale;
+      good_steps = resume.good_steps;
     }
-    std::istringstream(m["rng"].get<std::string>()) >> train_rng;
+    train_rng = resume.rng;
     if (out) *out << "resumed   from " << config.checkpoint << " at step " << first << "\n";
   }
   auto save = [&](int next_step) {
