@@ -105,8 +105,6 @@ memory::PooledView<FloatMatrix<ExecSpace>> widened(const ExecutionContext<ExecSp
 }
 }  // namespace detail
 
-// C = alpha op(A) op(B) + beta C in `ctx`: gemm(ctx.exec(), ...) for float and double; for 16-bit
-// A and B (C of their type or float) on float copies from ctx.pool(), see above.
 // Whether this CPU has bf16 dot products that gemm can use (x86-64 with AVX512-BF16).
 bool bf16_dot_products_available();
 // Whether gemm uses them now: available, and not turned off by use_bf16_dot_products(false) or by
@@ -115,6 +113,9 @@ bool bf16_dot_products_in_use();
 // Turns their use on (where available) or off for the process, e.g. to compare both paths.
 void use_bf16_dot_products(bool on);
 
+// C = alpha op(A) op(B) + beta C in `ctx`: gemm(ctx.exec(), ...) for float and double; for 16-bit
+// A and B (C of their type or float) on the CPU's bf16 dot products or on float
+// copies from ctx.pool(), see above.
 template <class ExecSpace, class AView, class BView, class CView>
 void gemm(const ExecutionContext<ExecSpace>& ctx, const char* trans_a, const char* trans_b,
           accumulate_t<scalar_of<CView>> alpha, const AView& a, const BView& b, accumulate_t<scalar_of<CView>> beta,
