@@ -6,6 +6,9 @@
 // at 1 and 2 ranks; the grid comparisons need 2 (at 1 they say SKIP).
 #include <catch2/catch.hpp>
 #include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <csignal>
@@ -590,6 +593,61 @@ TEST_CASE("a checkpoint write that fails leaves the previous checkpoint", "[trai
   CHECK(run_training(c, world, nullptr).first_step == 3);
   world.barrier();
   if (world.rank() == 0) std::filesystem::remove(c.checkpoint);
+}
+
+TEST_CASE("a checkpoint writer killed during the save leaves the previous checkpoint", "[train][checkpoint][errors]") {
+  const auto world = test::throwing_world();
+  const std::string path = shared_path("killed.ckpt");
+  Checkpoint previous;
+  previous.metadata = {{"step", 2}};
+  previous.payload.assign(4096, 7);
+  if (world.rank() == 0) {
+    write_checkpoint(path, previous);
+    // A child process writes a 256 MiB checkpoint over it (write, then fsync: long enough to be
+    // caught in) and is SIGKILLed as soon as it has written anything.
+    std::filesystem::remove(path + ".tmp");
+    const pid_t child = fork();
+    REQUIRE(child >= 0);
+    if (child == 0) {
+      Checkpoint next;
+      next.metadata = {{"step", 4}};
+      next.payload.assign(std::size_t(256) << 20, 9);
+      try {
+        write_checkpoint(path, next);
+      } catch (...) {
+      }
+      _exit(0);  // not exit(): the child must not run the parent's MPI and Kokkos finalizers
+    }
+    // Written anything yet, wherever it writes?
+    const std::uintmax_t previous_bytes = std::filesystem::file_size(path);
+    auto started = [&] {
+      std::error_code temporary_error, error;
+      const std::uintmax_t temporary_bytes = std::filesystem::file_size(path + ".tmp", temporary_error);
+      const std::uintmax_t bytes = std::filesystem::file_size(path, error);
+      return (!temporary_error && temporary_bytes > 0) || error || bytes != previous_bytes;
+    };
+    int status = 0;
+    bool writing = true;
+    while (writing && !started()) writing = waitpid(child, &status, WNOHANG) == 0;
+    REQUIRE(writing);  // caught before the child finished
+    kill(child, SIGKILL);
+    REQUIRE(waitpid(child, &status, 0) == child);
+    CHECK((WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL));
+    // The half-written file is only ever PATH.tmp; PATH is the previous checkpoint, whole.
+    CHECK(std::filesystem::exists(path + ".tmp"));
+    const Checkpoint read = read_checkpoint(path);
+    CHECK(read.metadata["step"] == 2);
+    CHECK(read.payload == previous.payload);
+    // The next save replaces the leftover, whatever it is (here a FIFO, which would block an open).
+    std::filesystem::remove(path + ".tmp");
+    REQUIRE(mkfifo((path + ".tmp").c_str(), 0600) == 0);
+    previous.metadata["step"] = 6;
+    write_checkpoint(path, previous);
+    CHECK(read_checkpoint(path).metadata["step"] == 6);
+    CHECK_FALSE(std::filesystem::exists(path + ".tmp"));
+    std::filesystem::remove(path);
+  }
+  world.barrier();
 }
 
 TEST_CASE("a non-finite loss stops the run naming the step", "[train][errors]") {

@@ -60,7 +60,10 @@ void write_checkpoint(const std::string& path, const Checkpoint& checkpoint) {
   metadata["checksum"] = hex(fnv1a64(checkpoint.payload.data(), checkpoint.payload.size()));
   const std::string header = std::string(magic) + "\n" + metadata.dump() + "\n";
   const std::string temporary = path + ".tmp";
-  const int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  // A .tmp left by a writer that was killed (or anything else under that name: a FIFO, a link)
+  // is removed, and the file made anew, so that the write never blocks or lands elsewhere.
+  ::unlink(temporary.c_str());
+  const int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0644);
   require(fd >= 0, where, "path", "\"" + temporary + "\"", std::string("a writable file (") + std::strerror(errno) + ")");
   try {
     write_all(fd, header.data(), header.size(), temporary);

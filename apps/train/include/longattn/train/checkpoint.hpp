@@ -5,8 +5,9 @@
 //            with the payload's size and FNV-1a 64 checksum
 //   rest     the payload: raw bytes (parameters and optimizer moments, in the trainer's order)
 //
-// write_checkpoint writes PATH.tmp, fsyncs it, renames it over PATH and fsyncs the directory:
-// a crash leaves the old checkpoint or the new one, never half of one. read_checkpoint refuses a
+// write_checkpoint writes PATH.tmp (made anew), fsyncs it, renames it over PATH and fsyncs the
+// directory: a crash or a kill leaves the old checkpoint or the new one, never half of one (a
+// half PATH.tmp at most, which the next write replaces). read_checkpoint refuses a
 // file that is not one, is cut short or fails its checksum, with a longattn::Error saying which.
 #pragma once
 
