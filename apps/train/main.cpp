@@ -87,6 +87,10 @@ int main(int argc, char** argv) {
   app.add_flag("--resume", c.resume, "continue from --checkpoint")->group("Checkpoint");
   app.add_option("--stop-after", c.stop_after, "stop (and checkpoint) after this step, e.g. before a time limit")
       ->group("Checkpoint");
+  app.add_option("--memory-limit", c.memory_limit_mib,
+                 "MiB the memory pool of each rank may hold (model state, activations, workspaces; 0: the "
+                 "machine's). A step that needs more stops the run with an error, after saving the last good "
+                 "state to --checkpoint")->group("Training");
   app.add_option("--peak-gflops", c.peak_gflops, "FMA peak of all ranks' cores (0: measure at start)")->group("Output");
   app.add_flag("--quiet", c.quiet, "no per-step lines")->group("Output");
   app.add_option("--json", json_path, "write a JSON summary (every step, validation, totals) to this file")

@@ -489,6 +489,10 @@ void Communicator::fail(const char* where, const std::string& message) const {
     if (message.rfind(where, 0) == 0 || message.rfind("longattn::", 0) == 0) throw Error(message);
     throw Error(std::string(where) + ": " + message);
   }
+  abort(message);
+}
+
+void Communicator::abort(const std::string& message) const {
   std::fprintf(stderr,
                "longattn::parallel: rank %d of %d: %s\n"
                "longattn::parallel: aborting the job (MPI_Abort) so that the other ranks do not wait for this one\n",

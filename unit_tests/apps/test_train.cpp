@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <iterator>
 #include <random>
 #include <sstream>
 
@@ -646,6 +647,59 @@ TEST_CASE("a checkpoint writer killed during the save leaves the previous checkp
     CHECK(read_checkpoint(path).metadata["step"] == 6);
     CHECK_FALSE(std::filesystem::exists(path + ".tmp"));
     std::filesystem::remove(path);
+  }
+  world.barrier();
+}
+
+TEST_CASE("the memory limit reached in a step stops the run after saving the last good state",
+          "[train][checkpoint][errors]") {
+  // On one rank (the several-rank form ends the job with MPI_Abort: train_memory_limit_np2 runs
+  // the app under mpiexec for it).
+  const auto world = test::throwing_world();
+  const parallel::Communicator one = self();
+  if (world.rank() == 0) {
+    TrainConfig c = tiny_config();
+    c.model.context = 256;
+    c.batch = 8;
+    c.checkpoint = shared_path("memory.ckpt");
+    // Two steps in micro-batches of 1 (little memory), checkpointed; and how much a step of all
+    // 8 sequences at once holds.
+    c.micro_batch = 1;
+    c.stop_after = 2;
+    const std::size_t small = run_training(c, one, nullptr).steps.back().memory_bytes;
+    TrainConfig whole = c;
+    whole.micro_batch = 0;
+    whole.checkpoint.clear();
+    whole.stop_after = 1;
+    const std::size_t large = run_training(whole, one, nullptr).steps.back().memory_bytes;
+    INFO("pool high-water: " << small << " bytes in micro-batches of 1, " << large << " all at once");
+    REQUIRE(large > small + (std::size_t(4) << 20));
+    std::ifstream saved_file(c.checkpoint, std::ios::binary);
+    const std::string saved((std::istreambuf_iterator<char>(saved_file)), std::istreambuf_iterator<char>());
+    // Resumed all at once under a limit between the two: step 3 runs out.
+    c.micro_batch = 0;
+    c.stop_after = 0;
+    c.resume = true;
+    c.memory_limit_mib = std::int64_t((small + large) / 2 >> 20);
+    std::string error;
+    try {
+      run_training(c, one, nullptr);
+    } catch (const longattn::Error& e) {
+      error = e.what();
+    }
+    CHECK_THAT(error, Catch::Contains("rank 0 stopped in step 3: longattn::memory::Pool::allocate: cannot allocate") &&
+                          Catch::Contains("pool's limit of " + std::to_string(c.memory_limit_mib) + ".0 MiB") &&
+                          Catch::Contains("in use") &&
+                          Catch::Contains("Saved the last good state (step 2) to " + c.checkpoint));
+    // What it saved is the step's start: the step-2 checkpoint, byte for byte (parameters,
+    // moments, the random engine before step 3's batch); no temporary left.
+    std::ifstream resaved_file(c.checkpoint, std::ios::binary);
+    const std::string resaved((std::istreambuf_iterator<char>(resaved_file)), std::istreambuf_iterator<char>());
+    CHECK(resaved == saved);
+    CHECK_FALSE(std::filesystem::exists(c.checkpoint + ".rank0.tmp"));
+    c.memory_limit_mib = 0;
+    CHECK(run_training(c, one, nullptr).first_step == 3);
+    std::filesystem::remove(c.checkpoint);
   }
   world.barrier();
 }

@@ -53,13 +53,15 @@ std::uint64_t fnv1a64(const unsigned char* data, std::size_t size) {
   return hash;
 }
 
-void write_checkpoint(const std::string& path, const Checkpoint& checkpoint) {
+void write_checkpoint(const std::string& path, const Checkpoint& checkpoint, const std::string& temporary_suffix) {
   require(!path.empty(), where, "path", "\"\"", "a file name");
   nlohmann::json metadata = checkpoint.metadata;
   metadata["payload_bytes"] = checkpoint.payload.size();
   metadata["checksum"] = hex(fnv1a64(checkpoint.payload.data(), checkpoint.payload.size()));
   const std::string header = std::string(magic) + "\n" + metadata.dump() + "\n";
-  const std::string temporary = path + ".tmp";
+  require(!temporary_suffix.empty() && temporary_suffix.find('/') == std::string::npos, where, "temporary_suffix",
+          "\"" + temporary_suffix + "\"", "a non-empty file name suffix");
+  const std::string temporary = path + temporary_suffix;
   // A .tmp left by a writer that was killed (or anything else under that name: a FIFO, a link)
   // is removed, and the file made anew, so that the write never blocks or lands elsewhere.
   ::unlink(temporary.c_str());

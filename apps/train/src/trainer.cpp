@@ -151,6 +151,8 @@ void validate(const TrainConfig& c, int world_size) {
   require(c.checkpoint_every >= 0, program, "checkpoint-every", c.checkpoint_every, "a step count >= 0");
   require(!c.resume || !c.checkpoint.empty(), program, "resume", "true", "a --checkpoint file to resume from");
   require(c.stop_after >= 0, program, "stop-after", c.stop_after, "a step >= 0");
+  require(c.memory_limit_mib >= 0 && c.memory_limit_mib < (std::int64_t(1) << 40), program, "memory-limit",
+          c.memory_limit_mib, "MiB >= 0 (0: the machine's memory)");
   require(c.peak_gflops >= 0, program, "peak-gflops", c.peak_gflops, "GFLOP/s >= 0 (0: measure)");
   require(c.loss_scale.initial > 0 && std::isfinite(c.loss_scale.initial), program, "loss-scale",
           c.loss_scale.initial, "a positive finite factor");
@@ -233,8 +235,14 @@ TrainResult train(const TrainConfig& config, const parallel::Communicator& world
   using Model = Transformer<Exec, T>;
   using Memory = typename Exec::memory_space;
   // Where every kernel of the run goes and where its memory comes from (the step's high-water
-  // mark below is this pool's).
-  const ExecutionContext<Exec> context;
+  // mark below is this pool's): the default pool, or one of its own with --memory-limit.
+  const ExecutionContext<Exec> context = [&] {
+    if (config.memory_limit_mib == 0) return ExecutionContext<Exec>();
+    memory::PoolOptions options;
+    options.label = "longattn-train";
+    options.limit_bytes = std::size_t(config.memory_limit_mib) << 20;
+    return ExecutionContext<Exec>(Exec(), memory::Pool<Memory>(options));
+  }();
   const int cp = config.cp, dp = world.size() / cp;
   const int cp_rank = world.rank() % cp, dp_rank = world.rank() / cp;
   const parallel::Communicator cp_group = world.split(dp_rank, cp_rank);
@@ -319,29 +327,56 @@ TrainResult train(const TrainConfig& config, const parallel::Communicator& world
     train_rng = resume.rng;
     if (out) *out << "resumed   from " << config.checkpoint << " at step " << first << "\n";
   }
+  // The run's state as a checkpoint: the parameters and moments now, `next_step` and the random
+  // engine that will draw its batch. Every rank holds the whole state.
+  auto make_checkpoint = [&](int next_step, const std::mt19937_64& rng_at_step) {
+    Checkpoint checkpoint;
+    std::ostringstream rng;
+    rng << rng_at_step;
+    checkpoint.metadata = {{"run", run_identity(config)}, {"step", next_step},
+                           {"optimizer_steps", optimizer.steps()}, {"rng", rng.str()}};
+    if (scaling) {
+      checkpoint.metadata["loss_scale"] = loss_scale;
+      checkpoint.metadata["good_steps"] = good_steps;
+    }
+    checkpoint.payload.resize(state_bytes);
+    unsigned char* p = checkpoint.payload.data();
+    for (const auto& part : state) {
+      Kokkos::deep_copy(PayloadFloats(reinterpret_cast<float*>(p), part.size()), part);
+      p += part.size() * sizeof(float);
+    }
+    return checkpoint;
+  };
   auto save = [&](int next_step) {
     // Rank 0 writes (every rank holds the same parameters and moments); `checked` makes a failed
     // write fail every rank, and no rank goes on before the file is complete.
     world.checked(program, [&] {
-      if (world.rank() != 0) return;
-      Checkpoint checkpoint;
-      std::ostringstream rng;
-      rng << train_rng;
-      checkpoint.metadata = {{"run", run_identity(config)}, {"step", next_step},
-                             {"optimizer_steps", optimizer.steps()}, {"rng", rng.str()}};
-      if (scaling) {
-        checkpoint.metadata["loss_scale"] = loss_scale;
-        checkpoint.metadata["good_steps"] = good_steps;
-      }
-      checkpoint.payload.resize(state_bytes);
-      unsigned char* p = checkpoint.payload.data();
-      for (const auto& part : state) {
-        Kokkos::deep_copy(PayloadFloats(reinterpret_cast<float*>(p), part.size()), part);
-        p += part.size() * sizeof(float);
-      }
-      write_checkpoint(config.checkpoint, checkpoint);
+      if (world.rank() == 0) write_checkpoint(config.checkpoint, make_checkpoint(next_step, train_rng));
     });
     if (out) *out << "checkpoint step " << next_step << " -> " << config.checkpoint << "\n";
+  };
+  // A step that failed on this rank before the update: the state is still the step's start, so
+  // this rank saves it (through a temporary of its own: several ranks may fail at once) and ends
+  // the run. The other ranks may be waiting for it inside a collective, so with several ranks
+  // the job ends by MPI_Abort.
+  auto stop_in_step = [&](int step, const std::mt19937_64& rng_at_step, const std::string& error) {
+    std::string message = "rank " + std::to_string(world.rank()) + " stopped in step " + std::to_string(step + 1) +
+                          ": " + error + ". ";
+    if (config.checkpoint.empty()) {
+      message += "Nothing saved (no --checkpoint).";
+    } else {
+      try {
+        write_checkpoint(config.checkpoint, make_checkpoint(step, rng_at_step),
+                         ".rank" + std::to_string(world.rank()) + ".tmp");
+        message += "Saved the last good state (step " + std::to_string(step) + ") to " + config.checkpoint +
+                   "; continue with --resume (after raising --memory-limit, or with a smaller --micro-batch or "
+                   "more --recompute, when the memory ran out).";
+      } catch (const std::exception& e) {
+        message += std::string("Saving the last good state failed too: ") + e.what();
+      }
+    }
+    if (world.size() > 1) world.abort(std::string(program) + ": " + message);
+    throw Error(std::string(program) + ": " + message);
   };
 
   // ---- the measured peak of the cores the ranks use (all at once, as they will run)
@@ -408,22 +443,27 @@ TrainResult train(const TrainConfig& config, const parallel::Communicator& world
   for (int step = first; step < last; ++step) {
     const Clock::time_point start = Clock::now();
     double communication = 0;
+    const std::mt19937_64 rng_at_step = train_rng;
     const HostBatch global = data->sample(Split::train, train_rng, config.batch);
-    model.zero_gradients();
-    if (ring) ring->reset_timings();
     double local_loss = 0;
-    for (std::int64_t m = 0; m < micro_batches; ++m) {
-      // Every micro-batch's loss is over the global batch's token count, so the gradients add up
-      // to the step's; the all-reduce starts as the last micro-batch's gradients become final.
-      local_loss += model.forward(local.fill(global, m), global.weighted_tokens, loss_scale);
-      const bool last_micro = m + 1 == micro_batches;
-      model.backward(buckets && last_micro ? std::function<void(int)>([&](int group) { buckets->ready(group); })
-                                           : std::function<void(int)>());
-    }
-    if (buckets) {
-      const Clock::time_point wait = Clock::now();
-      buckets->wait();
-      communication += seconds_since(wait);
+    try {
+      model.zero_gradients();
+      if (ring) ring->reset_timings();
+      for (std::int64_t m = 0; m < micro_batches; ++m) {
+        // Every micro-batch's loss is over the global batch's token count, so the gradients add
+        // up to the step's; the all-reduce starts as the last micro-batch's gradients become final.
+        local_loss += model.forward(local.fill(global, m), global.weighted_tokens, loss_scale);
+        const bool last_micro = m + 1 == micro_batches;
+        model.backward(buckets && last_micro ? std::function<void(int)>([&](int group) { buckets->ready(group); })
+                                             : std::function<void(int)>());
+      }
+      if (buckets) {
+        const Clock::time_point wait = Clock::now();
+        buckets->wait();
+        communication += seconds_since(wait);
+      }
+    } catch (const Error& error) {
+      stop_in_step(step, rng_at_step, error.what());
     }
     const Clock::time_point reduce = Clock::now();
     const double loss = global_sum(local_loss);

@@ -235,6 +235,11 @@ class Communicator {
     }
   }
 
+  // Ends the whole job from this rank alone, whatever the error policy: prints "rank R of W:
+  // message" and calls MPI_Abort with exit status 1, so that no other rank waits for this one in
+  // a collective. For a failure that other ranks cannot learn of (they may be inside one).
+  [[noreturn]] void abort(const std::string& message) const;
+
   // Runs f on every rank, then agrees (collective, one small all-reduce): if f threw on any
   // rank, every rank fails by the error policy with the message of the lowest rank that threw
   // ("rank R: ..." on the others). For checks whose outcome may differ between ranks (local

@@ -25,7 +25,10 @@ struct Checkpoint {
 
 std::uint64_t fnv1a64(const unsigned char* data, std::size_t size);
 
-void write_checkpoint(const std::string& path, const Checkpoint& checkpoint);
+// `temporary_suffix` names the temporary (PATH + suffix); writers that may run at once give
+// different ones.
+void write_checkpoint(const std::string& path, const Checkpoint& checkpoint,
+                      const std::string& temporary_suffix = ".tmp");
 Checkpoint read_checkpoint(const std::string& path);
 
 }  // namespace longattn::train

@@ -71,6 +71,7 @@ struct TrainConfig {
   bool resume = false;              // continue from `checkpoint`
   int stop_after = 0;               // stop after this step (a job's time limit); 0: run to `steps`
   double peak_gflops = 0;           // FMA peak of all ranks' cores; 0: measured at start
+  std::int64_t memory_limit_mib = 0;  // the memory pool's limit per rank; 0: the machine's memory
   bool quiet = false;               // no per-step lines
 };
 
@@ -105,7 +106,12 @@ struct TrainResult {
   nlohmann::json to_json(const TrainConfig& config) const;
 };
 
-// Collective over `world`. Rank 0 prints to `log` (nullptr: nothing). Built for
+// Collective over `world`. Rank 0 prints to `log` (nullptr: nothing). A step that fails on a
+// rank (the memory limit reached, any longattn::Error before the optimizer's update) ends the
+// run from that rank: it writes the last good state, the step's start, to config.checkpoint
+// when there is one, then throws longattn::Error (one rank) or ends the job with MPI_Abort
+// (several: the others may be waiting for it in a collective), its message naming the error,
+// the step and the checkpoint. Built for
 // Kokkos::DefaultExecutionSpace (src/trainer.cpp), the model in float, bfloat16 or float16 as
 // config.precision says.
 template <class ExecSpace = Kokkos::DefaultExecutionSpace>
