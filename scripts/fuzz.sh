@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets (unit_tests/fuzz: attention specs, block-sparse layouts, checkpoint
-# files, JSON configs) with Clang, AddressSanitizer and UBSan, coverage on all of longattn, then
-# runs each for SECONDS on its seed corpus (unit_tests/fuzz/corpus/<target>, read) and a working
-# corpus (build/fuzz/corpus/<target>, where new inputs go), as many at once as there are cores.
+# files as raw bytes and field by field, JSON configs, the planner's inputs) with Clang,
+# AddressSanitizer and UBSan, coverage on all of longattn, then runs each for SECONDS on its seed
+# corpus (unit_tests/fuzz/corpus/<target>, read) and a working corpus (build/fuzz/corpus/<target>,
+# where new inputs go), as many at once as there are cores.
 # A crash, sanitizer report, leak, timeout or out-of-memory stops that target with its input in
 # build/fuzz/artifacts/ and makes the script fail.
 #
@@ -12,7 +13,7 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 seconds=${1:-60}
 [ $# -gt 0 ] && shift
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(attention_spec block_sparse checkpoint config)
+[ ${#targets[@]} -gt 0 ] || targets=(attention_spec block_sparse checkpoint checkpoint_fields config plan)
 if ! command -v clang++ > /dev/null || [ ! -f "$(clang++ -print-resource-dir)/lib/linux/libclang_rt.fuzzer-x86_64.a" ]; then
   apt-get install -y --no-install-recommends clang > /dev/null
 fi

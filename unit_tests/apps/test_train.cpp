@@ -13,6 +13,8 @@
 #include <cmath>
 #include <csignal>
 #include <cstdio>
+#include <cstring>
+#include <limits>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -704,12 +706,41 @@ TEST_CASE("the memory limit reached in a step stops the run after saving the las
   world.barrier();
 }
 
-TEST_CASE("a non-finite loss stops the run naming the step", "[train][errors]") {
+TEST_CASE("a non-finite loss stops the run naming the step and the first non-finite tensor", "[train][errors]") {
+  const auto world = test::throwing_world();
   TrainConfig c = tiny_config();
   c.optimizer.lr = 1e38f;  // the first update overflows the weights
   c.optimizer.warmup = 0;
   c.optimizer.clip = 0;
-  CHECK_THROWS_WITH(run_training(c, test::throwing_world(), nullptr), Catch::Contains("loss at step 2") && Catch::Contains("finite"));
+  CHECK_THROWS_WITH(run_training(c, world, nullptr),
+                    Catch::Contains("loss at step 2") && Catch::Contains("finite") &&
+                        Catch::Contains("the first non-finite tensor of the step: "));
+
+  // One NaN planted in a weight of a checkpoint: the resumed run's step names it.
+  c = tiny_config();
+  c.checkpoint = shared_path("nan.ckpt");
+  c.stop_after = 2;
+  run_training(c, world, nullptr);
+  if (world.rank() == 0) {
+    Checkpoint checkpoint = read_checkpoint(c.checkpoint);
+    const Transformer<Kokkos::DefaultExecutionSpace, float> model(c.model);  // its groups: the payload's order
+    std::size_t offset = 0;
+    for (const auto& g : model.parameter_groups()) {
+      if (g.name == "layer1.mlp.w1") break;
+      offset += g.count;
+    }
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    std::memcpy(checkpoint.payload.data() + (offset + 5) * sizeof(float), &nan, sizeof nan);
+    write_checkpoint(c.checkpoint, checkpoint);
+  }
+  world.barrier();
+  c.resume = true;
+  c.stop_after = 0;
+  CHECK_THROWS_WITH(run_training(c, world, nullptr),
+                    Catch::Contains("argument 'loss at step 3' is nan") &&
+                        Catch::Contains("the first non-finite tensor of the step: layer1.mlp.w1 nan at [5])"));
+  world.barrier();
+  if (world.rank() == 0) std::filesystem::remove(c.checkpoint);
 }
 
 TEST_CASE("bad options are refused naming them", "[train][errors]") {

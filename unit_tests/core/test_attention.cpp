@@ -533,6 +533,165 @@ TEMPLATE_LIST_TEST_CASE("queries that see no key get o = 0, lse = -inf and zero 
   CHECK(std::abs(merged_lse(0, 1, 120) - (lse_h(0, 1, 120) + std::log(2.0))) < 1e-5);
 }
 
+namespace {
+
+// Inputs in [-1, 1) times `scale`, rounded through T (the reference sees the kernel's inputs).
+template <class T>
+HostTensor scaled_tensor(int b, int n, int h, int d, double scale, std::mt19937_64& rng) {
+  HostTensor t = random_tensor<T>(b, n, h, d, rng);
+  for (std::size_t i = 0; i < t.span(); ++i) t.data()[i] = static_cast<double>(static_cast<T>(t.data()[i] * scale));
+  return t;
+}
+
+// q and k of magnitude `qk_scale`, v of `v_scale`, d_o of `d_o_scale`, with `softmax_scale` (0: 1 /
+// sqrt(D)): forward and backward against the double reference, with check_finite on (which
+// must pass). Tolerances grow with the logits: a score L carries a rounding of eps x L in the
+// exponent (forward), and the gradients of a saturated softmax are differences of nearly equal
+// terms (dP - Delta) times the softmax scale (backward). With 16-bit o (Delta from the rounded
+// o) that difference loses the type's precision entirely: a saturated softmax's gradients in
+// bfloat16 or float16 are not checked here, as FlashAttention's are not.
+template <class ExecSpace, class T>
+void check_extreme(const Shape& s, bool causal, double qk_scale, double v_scale, double d_o_scale,
+                   double softmax_scale, std::mt19937_64& rng) {
+  using Memory = typename ExecSpace::memory_space;
+  INFO(describe(s, causal) << ", " << longattn::detail::scalar_name<T>() << ", q and k x " << qk_scale << ", v x "
+                           << v_scale << ", softmax scale " << softmax_scale);
+  const HostTensor q = scaled_tensor<T>(s.batch, s.queries, s.heads, s.head_dim, qk_scale, rng);
+  const HostTensor k = scaled_tensor<T>(s.batch, s.keys, s.heads, s.head_dim, qk_scale, rng);
+  const HostTensor v = scaled_tensor<T>(s.batch, s.keys, s.heads, s.head_dim, v_scale, rng);
+  const HostTensor d_o = scaled_tensor<T>(s.batch, s.queries, s.heads, s.head_dim, d_o_scale, rng);
+  HostTensor o_ref("o", s.batch, s.queries, s.heads, s.head_dim), dq_ref("dq", s.batch, s.queries, s.heads, s.head_dim);
+  HostTensor dk_ref("dk", s.batch, s.keys, s.heads, s.head_dim), dv_ref("dv", s.batch, s.keys, s.heads, s.head_dim);
+  HostRows lse_ref("lse", s.batch, s.heads, s.queries);
+  longattn::test::ReferenceOptions ref_opts = reference_options(s, causal);
+  ref_opts.scale = softmax_scale;
+  longattn::test::reference_attention_forward(q, k, v, o_ref, lse_ref, ref_opts);
+  longattn::test::reference_attention_backward(q, k, v, d_o, dq_ref, dk_ref, dv_ref, ref_opts);
+
+  longattn::AttentionOptions opts = options(s, causal);
+  if (softmax_scale != 0) opts.softmax_scale = softmax_scale;
+  opts.check_finite = true;
+  auto qd = to_device<T, Memory>(q), kd = to_device<T, Memory>(k), vd = to_device<T, Memory>(v);
+  auto dod = to_device<T, Memory>(d_o);
+  Kokkos::View<T****, Memory> o("o", s.batch, s.queries, s.heads, s.head_dim), dq("dq", s.batch, s.queries, s.heads, s.head_dim);
+  Kokkos::View<T****, Memory> dk("dk", s.batch, s.keys, s.heads, s.head_dim), dv("dv", s.batch, s.keys, s.heads, s.head_dim);
+  Kokkos::View<longattn::accumulate_t<T>***, Memory> lse("lse", s.batch, s.heads, s.queries);
+  const ExecSpace exec;
+  longattn::attention_forward(exec, qd, kd, vd, o, lse, opts);
+  longattn::attention_backward(exec, qd, kd, vd, o, dod, lse, dq, dk, dv, opts);
+  const double scale = softmax_scale != 0 ? std::abs(softmax_scale) : 1 / std::sqrt(double(s.head_dim));
+  const double logits = s.head_dim * scale * qk_scale * qk_scale;
+  const double forward_tolerance =
+      tolerance<T>() + 4 * double(std::numeric_limits<longattn::accumulate_t<T>>::epsilon()) * logits;
+  // 16-bit: 2x (measured up to 1.3x).
+  const double backward_tolerance = (longattn::is_half_v<T> ? 2 : 1) * gradient_tolerance<T>() * std::max(1.0, scale);
+  CHECK(relative_error(to_host(o), o_ref) <= forward_tolerance);
+  CHECK(relative_error(to_host(lse), lse_ref) <= forward_tolerance);
+  CHECK(relative_error(to_host(dq), dq_ref) <= backward_tolerance);
+  CHECK(relative_error(to_host(dk), dk_ref) <= backward_tolerance);
+  CHECK(relative_error(to_host(dv), dv_ref) <= backward_tolerance);
+}
+
+}  // namespace
+
+TEMPLATE_LIST_TEST_CASE("extreme values: logits of 1e4, 16-bit range limits, rows that see no key, against the reference",
+                        "[core][attention][extreme]", longattn::test::ExecutionSpaces) {
+  using longattn::bfloat16;
+  using longattn::float16;
+  std::mt19937_64 rng(longattn::test::test_seed());
+  const Shape shapes[] = {{2, 67, 75, 2, 16, 8, 0}, {1, 70, 70, 1, 16, 0, 64}};  // the second: 64 rows see no key
+  for (const Shape& s : shapes)
+    for (const bool causal : {false, true}) {
+      check_extreme<TestType, float>(s, causal, 1, 1, 1, 2e3, rng);    // |logits| up to ~1e4
+      check_extreme<TestType, double>(s, causal, 1, 1, 1, -2e3, rng);  // -1e4: the softmax flips
+      // v at float16's largest finite and 0.3% of bfloat16's (Nk x max|v| inside float); d_o small
+      // enough that the true gradients fit the type (larger ones are reported: the next case).
+      // Not on the second shape: its rows that see 1 to 6 keys are nearly saturated softmaxes,
+      // whose 16-bit gradients lose the type's precision (above), extreme values or not.
+      if (&s != &shapes[0]) continue;
+      check_extreme<TestType, float16>(s, causal, 1, 65504, 0x1p-12, 0, rng);
+      check_extreme<TestType, bfloat16>(s, causal, 1, 1e36, 0x1p-12, 0, rng);
+    }
+}
+
+TEMPLATE_LIST_TEST_CASE("check_finite names a non-finite input or an overflow: tensor, index, value",
+                        "[core][attention][extreme][errors]", longattn::test::ExecutionSpaces) {
+  using Memory = typename TestType::memory_space;
+  using longattn::bfloat16;
+  std::mt19937_64 rng(longattn::test::test_seed());
+  const int B = 2, N = 67, H = 2, D = 16;
+  auto q = to_device<float, Memory>(random_tensor<float>(B, N, H, D, rng));
+  auto k = to_device<float, Memory>(random_tensor<float>(B, N, H, D, rng));
+  auto v = to_device<float, Memory>(random_tensor<float>(B, N, H, D, rng));
+  auto d_o = to_device<float, Memory>(random_tensor<float>(B, N, H, D, rng));
+  Kokkos::View<float****, Memory> o("o", B, N, H, D), dq("dq", B, N, H, D), dk("dk", B, N, H, D), dv("dv", B, N, H, D);
+  Kokkos::View<float***, Memory> lse("lse", B, H, N);
+  longattn::AttentionOptions opts;
+  opts.causal = true;
+  opts.check_finite = true;
+  const TestType exec;
+  const double inf = std::numeric_limits<double>::infinity();
+  // One bad value at an index, the call refused naming it; then the value restored.
+  auto with = [&](const Kokkos::View<float****, Memory>& view, int b, int n, int h, int d, double value, auto&& call) {
+    const auto element = Kokkos::subview(view, b, n, h, d);
+    float saved = 0;
+    Kokkos::deep_copy(saved, element);
+    Kokkos::deep_copy(element, float(value));
+    call();
+    Kokkos::deep_copy(element, saved);
+  };
+  auto forward = [&] { longattn::attention_forward(exec, q, k, v, o, lse, opts); };
+  auto backward = [&] { longattn::attention_backward(exec, q, k, v, o, d_o, lse, dq, dk, dv, opts); };
+  with(q, 1, 5, 1, 3, std::nan(""), [&] {
+    CHECK_THROWS_WITH(forward(), Catch::Contains("attention_forward: argument 'q' is nan at [1, 5, 1, 3], expected finite values"));
+  });
+  with(k, 0, 66, 0, 15, inf, [&] { CHECK_THROWS_WITH(forward(), Catch::Contains("argument 'k' is inf at [0, 66, 0, 15]")); });
+  with(v, 1, 0, 1, 0, -inf, [&] { CHECK_THROWS_WITH(forward(), Catch::Contains("argument 'v' is -inf at [1, 0, 1, 0]")); });
+  forward();
+  with(d_o, 0, 10, 1, 7, std::nan(""), [&] {
+    CHECK_THROWS_WITH(backward(), Catch::Contains("attention_backward: argument 'd_o' is nan at [0, 10, 1, 7]"));
+  });
+  backward();
+
+  // Finite inputs the accumulation cannot take: q and k at float16's largest (scores of ~1e10,
+  // each rounded by ~1e3 in the exponent), bfloat16's near 3e38 (scores past float's range),
+  // v whose sums over keys pass float's range.
+  auto big = [&](auto type, double scale) {
+    using T = decltype(type);
+    return to_device<T, Memory>(scaled_tensor<T>(1, 20, 1, 16, scale, rng));
+  };
+  using longattn::float16;
+  auto qh = big(float16(), 65504), kh = big(float16(), 65504), vh = big(float16(), 1);
+  Kokkos::View<float16****, Memory> oh("o", 1, 20, 1, 16);
+  Kokkos::View<float***, Memory> lseb("lse", 1, 1, 20);
+  CHECK_THROWS_WITH(longattn::attention_forward(exec, qh, kh, vh, oh, lseb, opts),
+                    Catch::Contains("argument 'q and k' is max |q| 6") &&
+                        Catch::Contains("expected scores that float, the accumulation type, resolves"));
+  auto qb = big(bfloat16(), 3e38), kb = big(bfloat16(), 3e38), vb = big(bfloat16(), 1);
+  Kokkos::View<bfloat16****, Memory> ob("o", 1, 20, 1, 16);
+  CHECK_THROWS_WITH(longattn::attention_forward(exec, qb, kb, vb, ob, lseb, opts),
+                    Catch::Contains("argument 'q and k' is max |q| ") && Catch::Contains("must stay at most 1"));
+  auto qs = big(bfloat16(), 1), ks = big(bfloat16(), 1), vs = big(bfloat16(), 3e38);
+  CHECK_THROWS_WITH(longattn::attention_forward(exec, qs, ks, vs, ob, lseb, opts),
+                    Catch::Contains("argument 'v' is max |v| ") && Catch::Contains("sums over keys inside float"));
+  // Gradients whose true values pass float16's range: the backward pass names the first one.
+  auto d_oh = big(float16(), 65504);
+  auto qm = big(float16(), 1), km = big(float16(), 1), vm = big(float16(), 65504);
+  Kokkos::View<float16****, Memory> dqh("dq", 1, 20, 1, 16), dkh("dk", 1, 20, 1, 16), dvh("dv", 1, 20, 1, 16);
+  longattn::attention_forward(exec, qm, km, vm, oh, lseb, opts);
+  CHECK_THROWS_WITH(longattn::attention_backward(exec, qm, km, vm, oh, d_oh, lseb, dqh, dkh, dvh, opts),
+                    Catch::Contains("argument 'd") &&
+                        Catch::Contains("passed the range of float16 (the output type) or of float"));
+  // Without the check every score overflows: each row comes out NaN (a score of +inf) or as a
+  // row that saw no key (all -inf), never a finite wrong number.
+  opts.check_finite = false;
+  longattn::attention_forward(exec, qb, kb, vb, ob, lseb, opts);
+  const HostRows lse_h = to_host(lseb);
+  int finite_rows = 0;
+  for (int i = 0; i < 20; ++i) finite_rows += std::isfinite(lse_h(0, 0, i)) ? 1 : 0;
+  CHECK(finite_rows == 0);
+}
+
 TEST_CASE("attention rejects bad input with a longattn::Error naming the argument", "[core][attention][errors]") {
   using Host = Kokkos::DefaultHostExecutionSpace;
   using F4 = Kokkos::View<float****, Kokkos::HostSpace>;

@@ -4,9 +4,11 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <sstream>
 
 #include "longattn/error.hpp"
@@ -119,6 +121,37 @@ Checkpoint read_checkpoint(const std::string& path) {
   require(sum == m["checksum"].get<std::string>(), where, "path", quoted,
           "payload checksum " + m["checksum"].get<std::string>() + " (computed " + sum + ": the file is corrupted)");
   return checkpoint;
+}
+
+ResumePoint resume_point(const nlohmann::json& m, int steps, const std::string& path) {
+  const char* program = "longattn-train";
+  const std::string file = " (in " + path + ")";
+  require(m.is_object(), program, "checkpoint's metadata", m.dump().substr(0, 40), "a JSON object" + file);
+  auto field = [&](const char* key, bool ok, const std::string& expected) -> const nlohmann::json& {
+    require(m.contains(key), program, std::string("checkpoint's ") + key, "missing", expected + file);
+    require(ok, program, std::string("checkpoint's ") + key, m[key].dump(), expected + file);
+    return m[key];
+  };
+  auto integer = [&](const char* key, std::int64_t low, std::int64_t high) {
+    const bool present = m.contains(key);
+    const bool ok = present && m[key].is_number_integer() && m[key].get<std::int64_t>() >= low &&
+                    m[key].get<std::int64_t>() <= high;
+    return field(key, ok, "an integer in [" + std::to_string(low) + ", " + std::to_string(high) + "]").get<std::int64_t>();
+  };
+  ResumePoint r;
+  r.step = int(integer("step", 0, steps));
+  r.optimizer_steps = integer("optimizer_steps", 0, std::numeric_limits<std::int64_t>::max());
+  const nlohmann::json& rng = field("rng", m.contains("rng") && m["rng"].is_string(), "a random engine's state");
+  std::istringstream text(rng.get<std::string>());
+  text >> r.rng;
+  require(bool(text), program, "checkpoint's rng", rng.dump().substr(0, 40), "a std::mt19937_64 state" + file);
+  if (m.contains("loss_scale")) {
+    const bool ok = m["loss_scale"].is_number() && m["loss_scale"].get<double>() > 0 &&
+                    std::isfinite(m["loss_scale"].get<double>());
+    r.loss_scale = field("loss_scale", ok, "a positive finite loss scale").get<double>();
+    r.good_steps = int(integer("good_steps", 0, std::numeric_limits<int>::max()));
+  }
+  return r;
 }
 
 }  // namespace longattn::train

@@ -94,45 +94,6 @@ std::string duration(double seconds) {
 
 }  // namespace
 
-// Where a checkpoint's run stands, read from its metadata and checked (the metadata is not
-// checksummed, and a checkpoint may come from anywhere).
-struct ResumePoint {
-  int step = 0;                      // 0-based step to start from
-  std::int64_t optimizer_steps = 0;
-  double loss_scale = 0;             // > 0 when written by an fp16 run
-  int good_steps = 0;
-  std::mt19937_64 rng;
-};
-
-ResumePoint resume_point(const nlohmann::json& m, const TrainConfig& c) {
-  const std::string file = " (in " + c.checkpoint + ")";
-  auto field = [&](const char* key, bool ok, const std::string& expected) -> const nlohmann::json& {
-    require(m.contains(key), program, std::string("checkpoint's ") + key, "missing", expected + file);
-    require(ok, program, std::string("checkpoint's ") + key, m[key].dump(), expected + file);
-    return m[key];
-  };
-  auto integer = [&](const char* key, std::int64_t low, std::int64_t high) {
-    const bool present = m.contains(key);
-    const bool ok = present && m[key].is_number_integer() && m[key].get<std::int64_t>() >= low &&
-                    m[key].get<std::int64_t>() <= high;
-    return field(key, ok, "an integer in [" + std::to_string(low) + ", " + std::to_string(high) + "]").get<std::int64_t>();
-  };
-  ResumePoint r;
-  r.step = int(integer("step", 0, c.steps));
-  r.optimizer_steps = integer("optimizer_steps", 0, std::numeric_limits<std::int64_t>::max());
-  const nlohmann::json& rng = field("rng", m.contains("rng") && m["rng"].is_string(), "a random engine's state");
-  std::istringstream text(rng.get<std::string>());
-  text >> r.rng;
-  require(bool(text), program, "checkpoint's rng", rng.dump().substr(0, 40), "a std::mt19937_64 state" + file);
-  if (m.contains("loss_scale")) {
-    const bool ok = m["loss_scale"].is_number() && m["loss_scale"].get<double>() > 0 &&
-                    std::isfinite(m["loss_scale"].get<double>());
-    r.loss_scale = field("loss_scale", ok, "a positive finite loss scale").get<double>();
-    r.good_steps = int(integer("good_steps", 0, std::numeric_limits<int>::max()));
-  }
-  return r;
-}
-
 void validate(const TrainConfig& c, int world_size) {
   validate(c.model);
   validate(c.optimizer);
@@ -300,7 +261,7 @@ TrainResult train(const TrainConfig& config, const parallel::Communicator& world
     ResumePoint resume;
     world.checked(program, [&] {
       checkpoint = read_checkpoint(config.checkpoint);
-      resume = resume_point(checkpoint.metadata, config);
+      resume = resume_point(checkpoint.metadata, config.steps, config.checkpoint);
       const nlohmann::json& m = checkpoint.metadata;
       const nlohmann::json expected = run_identity(config);
       require(m.contains("run") && m["run"].is_object(), program, "checkpoint", "\"" + config.checkpoint + "\"",
@@ -468,20 +429,33 @@ TrainResult train(const TrainConfig& config, const parallel::Communicator& world
     const Clock::time_point reduce = Clock::now();
     const double loss = global_sum(local_loss);
     communication += seconds_since(reduce) + (ring ? ring->wait_seconds() : 0.0);
-    world.guarded(program, [&] {
-      require(std::isfinite(loss), program, "loss at step " + std::to_string(step + 1), loss,
-              "a finite number: training stopped (try a lower --lr or --clip)");
-    });
+    // Where a NaN or infinity came from: this rank's first non-finite tensor (collective: every
+    // rank has the same loss, so all search and all stop).
+    auto diagnosis = [&] {
+      const std::string first = model.first_non_finite();
+      return " (on rank " + std::to_string(world.rank()) + ", the first non-finite tensor of the step: " +
+             (first.empty() ? "none; another rank's batch gave it" : first) + ")";
+    };
+    if (!std::isfinite(loss)) {
+      const std::string where = diagnosis();
+      world.guarded(program, [&] {
+        throw_invalid_argument(program, "loss at step " + std::to_string(step + 1), loss,
+                               "a finite number: training stopped" + where + "; try a lower --lr or --clip");
+      });
+    }
     StepRecord r;
     r.step = step + 1;
     r.lr = learning_rate(config.optimizer, step, config.steps);
     r.loss_scale = loss_scale;
     r.gradient_norm = optimizer.step(r.lr, loss_scale);  // every rank: the same all-reduced gradients
     if (!std::isfinite(r.gradient_norm)) {
-      world.guarded(program, [&] {
-        require(scaling, program, "gradient norm at step " + std::to_string(step + 1), r.gradient_norm,
-                "a finite number: training stopped (try a lower --lr or --clip)");
-      });
+      if (!scaling) {
+        const std::string where = diagnosis();
+        world.guarded(program, [&] {
+          throw_invalid_argument(program, "gradient norm at step " + std::to_string(step + 1), r.gradient_norm,
+                                 "a finite number: training stopped" + where + "; try a lower --lr or --clip");
+        });
+      }
       r.skipped = true;  // fp16 overflow: nothing was updated; a smaller scale next time
       loss_scale /= 2;
       good_steps = 0;

@@ -22,6 +22,7 @@
 #include <Kokkos_Core.hpp>
 
 #include <cmath>
+#include <limits>
 #include <cstdint>
 #include <optional>
 #include <sstream>
@@ -31,6 +32,7 @@
 
 #include "longattn/core/attention_tiles.hpp"
 #include "longattn/core/dense_blocks.hpp"
+#include "longattn/core/finite.hpp"
 #include "longattn/core/half.hpp"
 #include "longattn/core/execution_context.hpp"
 #include "longattn/core/detail/attention_kernels.hpp"
@@ -56,6 +58,12 @@ struct AttentionOptions {
   // o = 0, lse = -inf for a first pass (or simply run the first pass without it). Needs a
   // non-zero output_scale.
   bool accumulate_output = false;
+  // Check for NaN and infinity (find_non_finite, finite.hpp): the inputs before the kernels
+  // run, the outputs after (inputs at the edge of the type's range can overflow the float
+  // accumulation: bfloat16 near 3e38). The first one found is a longattn::Error naming the
+  // tensor, the index and the value. Off by default: it reads every tensor once more and waits
+  // for the instance (a debugging switch, as the trainer's --check-finite).
+  bool check_finite = false;
 };
 
 // Largest head dimension the kernels accept (scratch grows with it).
@@ -238,6 +246,60 @@ AttentionGeometry check_attention_backward(const char* where, const Q& q, const 
 
 namespace detail {
 
+// AttentionOptions::check_finite: `view` holds no NaN or infinity (lse: -inf is a query that
+// sees no key).
+template <class ExecSpace, class View>
+void check_finite_tensor(const char* where, const ExecSpace& exec, const char* name, const View& view,
+                         const std::string& expected, bool allow_minus_infinity = false) {
+  const NonFinite bad = find_non_finite(exec, view, allow_minus_infinity);
+  require(!bad.found, where, name, bad.describe(), expected);
+}
+
+inline const char* finite_input() { return "finite values (AttentionOptions::check_finite)"; }
+
+inline double softmax_scale(const AttentionOptions& opts, int head_dim);
+
+// AttentionOptions::check_finite, before the kernels: finite q, k, v; scores the accumulation
+// type A resolves; output sums inside A. The scores (log2 units) are bounded by S = D x scale x
+// log2(e) x max|q| x max|k|, and a D-term dot product's rounding by D x eps(A) x S: past 1, a
+// probability is not determined to a factor of 2 (the forward and backward passes, which sum
+// in different orders, then disagree), and past half of A's largest value the scores overflow.
+// |sum_j p_ij v_j| <= Nk x max|v| (p <= 1 before normalization).
+template <class ExecSpace, class T, class Q, class K, class V>
+void check_attention_inputs(const char* where, const ExecSpace& exec, const Q& q, const K& k, const V& v,
+                            const AttentionGeometry& geo, const AttentionOptions& opts) {
+  check_finite_tensor(where, exec, "q", q, finite_input());
+  check_finite_tensor(where, exec, "k", k, finite_input());
+  check_finite_tensor(where, exec, "v", v, finite_input());
+  using A = accumulate_t<T>;
+  const double limit = double(std::numeric_limits<A>::max()) / 2;
+  const double q_max = largest_magnitude(exec, q), k_max = largest_magnitude(exec, k);
+  const double scores = geo.head_dim * std::abs(softmax_scale(opts, geo.head_dim)) * log2_e<double>() * q_max * k_max;
+  const double rounding = geo.head_dim * double(std::numeric_limits<A>::epsilon()) * scores;
+  std::ostringstream largest, expected;
+  largest << "max |q| " << q_max << ", max |k| " << k_max;
+  expected << "scores that " << scalar_name<A>() << ", the accumulation type, resolves: their bound S = head dim x "
+           << "softmax scale x log2(e) x max |q| x max |k| = " << scores << " and its rounding head dim x eps x S = "
+           << rounding << " must stay at most 1 (scale q or k down)";
+  require(scores < limit && rounding <= 1, where, "q and k", largest.str(), expected.str());
+  const double v_max = largest_magnitude(exec, v), sums = double(geo.keys) * v_max * std::abs(opts.output_scale);
+  std::ostringstream v_largest, v_expected;
+  v_largest << "max |v| " << v_max;
+  v_expected << "sums over keys inside " << scalar_name<A>() << ": keys x max |v| x output scale = " << sums
+             << " passes half its largest value (scale v down)";
+  require(sums < limit, where, "v", v_largest.str(), v_expected.str());
+}
+
+// What a non-finite output from finite inputs means.
+template <class T>
+std::string overflowed(const char* what) {
+  const std::string range = std::is_same_v<T, accumulate_t<T>>
+                                ? scalar_name<T>() + "'s range"
+                                : "the range of " + scalar_name<T>() + " (the output type) or of " +
+                                      scalar_name<accumulate_t<T>>() + " (the accumulation type)";
+  return std::string("finite values from finite inputs: ") + what + " passed " + range + "; scale the inputs down";
+}
+
 inline double softmax_scale(const AttentionOptions& opts, int head_dim) {
   return opts.softmax_scale ? *opts.softmax_scale : 1.0 / std::sqrt(double(head_dim));
 }
@@ -378,8 +440,19 @@ void attention_forward(const ExecSpace& exec, const Q& q, const K& k, const V& v
   const AttentionGeometry geo = check_attention_forward<ExecSpace, T>(where, q, k, v, o, lse, opts);
   if constexpr (detail::runnable_attention<T, Lse, K, V, O>) {
     detail::check_blocks<ExecSpace, T, Tiles>(where, blocks, geo);
+    if (opts.check_finite) {
+      detail::check_attention_inputs<ExecSpace, T>(where, exec, q, k, v, geo, opts);
+      if (opts.accumulate_output) {
+        detail::check_finite_tensor(where, exec, "o", o, detail::finite_input());
+        detail::check_finite_tensor(where, exec, "lse", lse, detail::finite_input(), true);
+      }
+    }
     detail::AttentionKernels<ExecSpace, T, Blocks, tiles_for_t<ExecSpace, Tiles>>::forward(exec, q, k, v, o, lse,
                                                                                            geo, blocks, opts);
+    if (opts.check_finite) {
+      detail::check_finite_tensor(where, exec, "lse", lse, detail::overflowed<T>("the softmax"), true);
+      detail::check_finite_tensor(where, exec, "o", o, detail::overflowed<T>("the softmax"));
+    }
   }
 }
 
@@ -405,9 +478,21 @@ void attention_backward(const On& on, const Q& q, const K& k, const V& v, const 
   if constexpr (detail::runnable_attention<T, Lse, K, V, O, DO, DQ, DK, DV>) {
     detail::check_blocks<ExecSpace, T, Tiles>(where, blocks, geo);
     const auto& context = context_of(on);
+    const ExecSpace& exec = context.exec();
+    if (opts.check_finite) {
+      detail::check_attention_inputs<ExecSpace, T>(where, exec, q, k, v, geo, opts);
+      detail::check_finite_tensor(where, exec, "o", o, detail::finite_input());
+      detail::check_finite_tensor(where, exec, "d_o", d_o, detail::finite_input());
+      detail::check_finite_tensor(where, exec, "lse", lse, detail::finite_input(), true);
+    }
     using Kernels = detail::AttentionKernels<ExecSpace, T, Blocks, tiles_for_t<ExecSpace, Tiles>>;
     const auto delta = context.template allocate<typename Kernels::Delta>(geo.batch, geo.heads, geo.queries);
-    Kernels::backward(context.exec(), q, k, v, o, d_o, lse, dq, dk, dv, delta.view(), geo, blocks, opts);
+    Kernels::backward(exec, q, k, v, o, d_o, lse, dq, dk, dv, delta.view(), geo, blocks, opts);
+    if (opts.check_finite) {
+      detail::check_finite_tensor(where, exec, "dq", dq, detail::overflowed<T>("the gradient sums"));
+      detail::check_finite_tensor(where, exec, "dk", dk, detail::overflowed<T>("the gradient sums"));
+      detail::check_finite_tensor(where, exec, "dv", dv, detail::overflowed<T>("the gradient sums"));
+    }
   }
 }
 

@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -30,5 +31,17 @@ std::uint64_t fnv1a64(const unsigned char* data, std::size_t size);
 void write_checkpoint(const std::string& path, const Checkpoint& checkpoint,
                       const std::string& temporary_suffix = ".tmp");
 Checkpoint read_checkpoint(const std::string& path);
+
+// Where a training run written to a checkpoint stands, read from its metadata and checked field
+// by field (the metadata is not checksummed, and a checkpoint may come from anywhere).
+struct ResumePoint {
+  int step = 0;                      // 0-based step to start from
+  std::int64_t optimizer_steps = 0;
+  double loss_scale = 0;             // > 0 when written by an fp16 run
+  int good_steps = 0;
+  std::mt19937_64 rng;               // the engine that draws the next step's batch
+};
+// For a run of `steps` steps; throws longattn::Error naming the field and `path`.
+ResumePoint resume_point(const nlohmann::json& metadata, int steps, const std::string& path);
 
 }  // namespace longattn::train

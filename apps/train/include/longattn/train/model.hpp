@@ -40,6 +40,7 @@
 
 #include "longattn/core/multihead_attention.hpp"
 #include "longattn/core/execution_context.hpp"
+#include "longattn/core/finite.hpp"
 #include "longattn/error.hpp"
 
 namespace longattn::train {
@@ -155,6 +156,13 @@ class Transformer {
   double forward(const Batch& batch, double normalizer, double loss_scale = 1);
   // Adds this batch's gradients into the groups' gradients; ready(i) as group i is final.
   void backward(const std::function<void(int)>& ready = {});
+
+  // The first tensor holding a NaN or an infinity, in the order a step makes them: parameters
+  // (embeddings to head), the activations the last forward pass kept (each block's input x, h1,
+  // x2 = x + attention, h2, u, g; then the final norm's output and the logits), then gradients
+  // (head to embeddings). "" when all are finite. E.g. "layer1.x2 (x + attention(h1)) [3, 17] =
+  // inf". Activations released by recomputation are not searched. Waits for the instance.
+  std::string first_non_finite() const;
 
   // Model FLOPs of one training step (forward + backward, 3x the forward) over `sequences`
   // sequences of the full context, and their attention share.

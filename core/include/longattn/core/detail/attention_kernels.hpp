@@ -308,13 +308,13 @@ struct ForwardKernel {
     }
 
     // O = output_scale Ot / l; LSE = ln(2) (m + log2 l). A query that sees no key gets O = 0,
-    // LSE = -inf.
+    // LSE = -inf; a NaN denominator (NaN inputs, overflowed scores) stays NaN in both.
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, q_count), [&](int i) {
       const T sum = l[i];
-      const T inverse = sum > T(0) ? output_scale / sum : T(0);
+      const T inverse = sum > T(0) ? output_scale / sum : sum == T(0) ? T(0) : sum;
       for (int d = 0; d < D; ++d) o(b, q_first + i, h, d) = S(ot[d * L + i] * inverse);
       lse(b, h, q_first + i) =
-          sum > T(0) ? (m[i] + math::log2(sum)) * ln_2<T>() : minus_infinity<T>();
+          sum > T(0) ? (m[i] + math::log2(sum)) * ln_2<T>() : sum == T(0) ? minus_infinity<T>() : sum;
     });
   }
 };

@@ -241,6 +241,34 @@ void Transformer<ExecSpace, T>::list_groups() {
 }
 
 template <class ExecSpace, class T>
+std::string Transformer<ExecSpace, T>::first_non_finite() const {
+  const ExecSpace& exec = context_.exec();
+  auto search = [&](const std::string& name, const auto& view) -> std::string {
+    if (view.size() == 0) return "";
+    const NonFinite bad = find_non_finite(exec, view);
+    return bad.found ? name + " " + bad.describe() : "";
+  };
+  std::string found;
+  for (auto g = groups_.rbegin(); found.empty() && g != groups_.rend(); ++g)
+    found = search(g->name, VectorOf<const T>(g->values, g->count));
+  for (std::size_t l = 0; found.empty() && l < blocks_.size(); ++l) {
+    const Block& b = blocks_[l];
+    const std::string layer = "layer" + std::to_string(l) + ".";
+    const std::pair<const char*, const Rows*> kept[] = {
+        {"x (the block's input)", &b.x}, {"h1 (norm1(x))", &b.h1}, {"x2 (x + attention(h1))", &b.x2},
+        {"h2 (norm2(x2))", &b.h2}, {"u (h2 w1 + b1)", &b.u}, {"g (gelu(u))", &b.g}};
+    for (const auto& [name, rows] : kept)
+      if (found.empty() && rows->data() != nullptr) found = search(layer + name, rows->view());
+  }
+  if (found.empty() && x_final_.data() != nullptr) found = search("final x (the last block's output)", x_final_.view());
+  if (found.empty() && h_final_.data() != nullptr) found = search("final h (head.norm(x))", h_final_.view());
+  if (found.empty() && logits_.data() != nullptr) found = search("logits", logits_.view());
+  for (auto g = groups_.begin(); found.empty() && g != groups_.end(); ++g)
+    found = search("the gradient of " + g->name, VectorOf<const Accumulate>(g->gradients, g->count));
+  return found;
+}
+
+template <class ExecSpace, class T>
 void Transformer<ExecSpace, T>::reserve(int batch, std::int64_t tokens) {
   if (batch == batch_ && tokens == tokens_) return;
   batch_ = tokens_ = 0;  // recorded once every buffer is there: a refusing pool leaves a retry possible
