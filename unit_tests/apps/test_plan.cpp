@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <fstream>
+#include <limits>
 
 #include "longattn/core/block_sparse_patterns.hpp"
 #include "longattn/core/dilated_attention.hpp"
@@ -273,14 +274,20 @@ TEST_CASE("bad input is refused with what is valid", "[plan][errors]") {
     CHECK_THROWS_WITH(estimate(plan), Contains(message));
   };
   fails([](Plan& p) { p.model.heads = 7; }, "argument 'heads' is 7, expected a divisor of hidden = 25600");
-  fails([](Plan& p) { p.model.layers = 0; }, "argument 'layers' is 0, expected a positive number");
+  fails([](Plan& p) { p.model.layers = 0; }, "argument 'layers' is 0, expected a count from 1 to 2^16");
+  fails([](Plan& p) { p.model.hidden = std::int64_t(1) << 61; },
+        "argument 'hidden' is 2305843009213693952, expected a count from 1 to 2^20");  // found by fuzz_plan
+  fails([](Plan& p) { p.cluster.gpu.memory_bytes = std::numeric_limits<double>::infinity(); },
+        "argument 'gpu-memory-gb' is inf, expected a positive finite number");  // found by fuzz_plan
   fails([](Plan& p) { p.model.hidden = -5; }, "argument 'hidden' is -5");
   fails([](Plan& p) { p.layout.data = 49; }, "argument 'tp x pp x dp x cp' is 8 x 1 x 49 x 1 = 392, expected the GPU count 400");
   fails([](Plan& p) { p.layout = {3, 1, 50, 1, 1, 1}; p.cluster.gpus = 150; }, "argument 'tp' is 3, expected a divisor of the GPUs per node (8)");
   fails([](Plan& p) { p.layout = {8, 3, 50, 1, 1, 1}; p.cluster.gpus = 1200; }, "argument 'pp' is 3, expected a divisor of layers = 128");
   fails([](Plan& p) { p.layout.zero_stage = 4; }, "argument 'zero' is 4, expected a ZeRO stage 0, 1, 2 or 3");
   fails([](Plan& p) { p.training.global_batch_tokens = 1000; }, "argument 'global-batch-tokens' is 1000");
-  fails([](Plan& p) { p.efficiency.matmul = 1.5; }, "argument 'efficiency.matmul' is 1.5, expected a fraction in (0, 1]");
+  fails([](Plan& p) { p.efficiency.matmul = 1.5; }, "argument 'efficiency.matmul' is 1.5, expected a fraction in [0.001, 1]");
+  fails([](Plan& p) { p.cluster.comm_efficiency = 1e-300; },
+        "argument 'comm-efficiency' is 1e-300, expected a fraction in [0.001, 1]");  // found by fuzz_plan
   fails([](Plan& p) { p.model.attention = "sparse"; }, "dense, auto, dilated:w=");
   CHECK_THROWS_WITH(gpu_by_name("v100"), Contains("argument 'gpu' is \"v100\", expected one of h100, h200, a100"));
   CHECK_THROWS_WITH(uniform_efficiency(0), Contains("argument 'mfu' is 0"));

@@ -82,17 +82,19 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     else if (choice == 2) metadata[keys[i]] = value(in);
   }
   if (in.ConsumeBool()) metadata["run"] = value(in);
-  const std::string header = "longattn-checkpoint 1\n" + metadata.dump() + "\n";
+  // Strings of any bytes: written with U+FFFD for invalid UTF-8 (as a parser would refuse them).
+  const std::string header =
+      "longattn-checkpoint 1\n" + metadata.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+  const std::string tail = in.ConsumeRemainingBytesAsString();  // extra bytes, or none
   {
     std::ofstream file(path, std::ios::binary | std::ios::trunc);
     file << header;
     file.write(reinterpret_cast<const char*>(payload.data()), std::streamsize(payload.size()));
-    const std::string tail = in.ConsumeRemainingBytesAsString();  // extra bytes, or none
     file << tail;
   }
   try {
     const longattn::train::Checkpoint checkpoint = longattn::train::read_checkpoint(path);
-    if (checkpoint.payload.size() > size + header.size()) std::abort();
+    if (checkpoint.payload.size() > payload.size() + tail.size()) std::abort();  // more than the file holds
     const longattn::train::ResumePoint point = longattn::train::resume_point(checkpoint.metadata, steps, path);
     if (point.step < 0 || point.step > steps || point.optimizer_steps < 0 || point.good_steps < 0 ||
         !(point.loss_scale >= 0) || !std::isfinite(point.loss_scale))

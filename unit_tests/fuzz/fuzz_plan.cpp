@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <limits>
 #include <sstream>
@@ -86,9 +87,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   l.data = integer(in, 50);
   l.zero_stage = int(in.ConsumeIntegralInRange<std::int64_t>(-1, 4));
   l.micro_batch = integer(in, 1);
-  if (in.ConsumeBool()) plan.efficiency = uniform_efficiency(real(in, 0.45));
+  const bool uniform = in.ConsumeBool();
+  const double mfu = real(in, 0.45);
   const bool search_too = in.ConsumeBool();
   try {
+    if (uniform) plan.efficiency = uniform_efficiency(mfu);  // --mfu
     validate_inputs(plan);
     if (search_too && plan.cluster.gpus <= 512) {
       const SearchResult result = search(plan, 3);
@@ -100,7 +103,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     std::ostringstream out;
     print_estimate(out, e);
     (void)to_json(e).dump();
-    if (std::isnan(e.memory_total) || std::isnan(e.step_seconds) || std::isnan(e.cost)) std::abort();  // a NaN printed as a figure
+    if (std::isnan(e.memory_total) || std::isnan(e.step_seconds) || std::isnan(e.cost)) {  // a NaN printed as a figure
+      std::fprintf(stderr, "NaN figures for the plan %s\n", to_json(plan).dump().c_str());
+      std::abort();
+    }
   } catch (const longattn::Error&) {
   }
   return 0;

@@ -1,5 +1,7 @@
 #include "longattn/plan/inputs.hpp"
 
+#include <cmath>
+#include <cstdint>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -35,39 +37,50 @@ namespace {
 const char* where = "longattn-plan";
 
 void require_positive(double value, const char* name) {
-  require(value > 0, where, name, value, "a positive number");
+  require(value > 0 && std::isfinite(value), where, name, value, "a positive finite number");
 }
 void require_fraction(double value, const char* name) {
-  require(value > 0 && value <= 1, where, name, value, "a fraction in (0, 1]");
+  // Below 0.1% a rate is no estimate: times become infinite (and a price of 0 times them NaN).
+  require(value >= 1e-3 && value <= 1, where, name, value, "a fraction in [0.001, 1]");
+}
+
+// Counts from 1 to 2^bits: far beyond any model or cluster, and small enough that the formulas'
+// products of them stay inside 64-bit integers.
+void require_count(std::int64_t value, int bits, const char* name) {
+  require(value >= 1 && value <= (std::int64_t(1) << bits), where, name, value,
+          "a count from 1 to 2^" + std::to_string(bits));
 }
 
 }  // namespace
 
 void validate_inputs(const Plan& plan) {
   const ModelConfig& m = plan.model;
-  require_positive(double(m.layers), "layers");
-  require_positive(double(m.hidden), "hidden");
-  require_positive(double(m.heads), "heads");
-  require_positive(double(m.vocabulary), "vocabulary");
-  require_positive(double(m.sequence), "sequence");
-  require(m.ffn >= 0, where, "ffn", m.ffn, "a positive FFN size, or 0 for 4 x hidden");
+  require_count(m.layers, 16, "layers");
+  require_count(m.hidden, 20, "hidden");
+  require_count(m.heads, 20, "heads");
+  require_count(m.vocabulary, 24, "vocabulary");
+  require_count(m.sequence, 40, "sequence");
+  require(m.ffn >= 0 && m.ffn <= (std::int64_t(1) << 22), where, "ffn", m.ffn,
+          "a positive FFN size up to 2^22, or 0 for 4 x hidden");
   require(m.hidden % m.heads == 0, where, "heads", m.heads,
           "a divisor of hidden = " + std::to_string(m.hidden) + " (head dimension hidden / heads)");
 
   const TrainingConfig& t = plan.training;
   require_positive(t.tokens, "tokens");
-  require(t.global_batch_tokens >= m.sequence && t.global_batch_tokens % m.sequence == 0, where,
+  require(t.global_batch_tokens >= m.sequence && t.global_batch_tokens <= (std::int64_t(1) << 50) &&
+              t.global_batch_tokens % m.sequence == 0,
+          where,
           "global-batch-tokens", t.global_batch_tokens,
-          "a whole number of sequences of " + std::to_string(m.sequence) + " tokens");
+          "a whole number of sequences of " + std::to_string(m.sequence) + " tokens, up to 2^50");
 
   const ClusterConfig& c = plan.cluster;
-  require_positive(double(c.gpus), "gpus");
+  require_count(c.gpus, 24, "gpus");
   require_positive(c.gpu.peak_flops_16bit, "gpu-peak-tflops");
   require_positive(c.gpu.peak_flops_tf32, "gpu-peak-tf32-tflops");
   require_positive(c.gpu.memory_bytes, "gpu-memory-gb");
   require_positive(c.gpu.nvlink_bandwidth, "nvlink-gbps");
   require_positive(c.gpu.network_bandwidth, "network-gbps");
-  require_positive(double(c.gpu.gpus_per_node), "gpus-per-node");
+  require_count(c.gpu.gpus_per_node, 10, "gpus-per-node");
   require(c.price_per_gpu_hour >= 0, where, "price", c.price_per_gpu_hour, "a price >= 0 per GPU-hour");
   require_fraction(c.comm_efficiency, "comm-efficiency");
   require(c.memory_reserve >= 0 && c.memory_reserve < 1, where, "memory-reserve", c.memory_reserve,
@@ -87,9 +100,14 @@ void validate_layout(const Plan& plan) {
   require_positive(double(l.pipeline), "pp");
   require_positive(double(l.data), "dp");
   require_positive(double(l.context), "cp");
+  // The product, stopped once it passes the GPU count (it could overflow otherwise).
+  std::int64_t gpus = 1;
+  for (const std::int64_t factor : {l.tensor, l.pipeline, l.data, l.context})
+    gpus = factor > plan.cluster.gpus / gpus ? plan.cluster.gpus + 1 : gpus * factor;
   std::ostringstream product;
-  product << l.tensor << " x " << l.pipeline << " x " << l.data << " x " << l.context << " = " << l.gpus();
-  require(l.gpus() == plan.cluster.gpus, where, "tp x pp x dp x cp", product.str(),
+  product << l.tensor << " x " << l.pipeline << " x " << l.data << " x " << l.context << " = "
+          << (gpus > plan.cluster.gpus ? "more than " + std::to_string(plan.cluster.gpus) : std::to_string(gpus));
+  require(gpus == plan.cluster.gpus, where, "tp x pp x dp x cp", product.str(),
           "the GPU count " + std::to_string(plan.cluster.gpus));
   require(plan.cluster.gpu.gpus_per_node % l.tensor == 0, where, "tp", l.tensor,
           "a divisor of the GPUs per node (" + std::to_string(plan.cluster.gpu.gpus_per_node) +
@@ -104,7 +122,8 @@ void validate_layout(const Plan& plan) {
   require(l.zero_stage >= 0 && l.zero_stage <= 3, where, "zero", l.zero_stage, "a ZeRO stage 0, 1, 2 or 3");
   require_positive(double(l.micro_batch), "micro-batch");
   const std::int64_t sequences = plan.training.global_batch_tokens / m.sequence;
-  require(sequences % (l.data * l.micro_batch) == 0, where, "micro-batch", l.micro_batch,
+  require(l.micro_batch <= sequences / l.data && sequences % (l.data * l.micro_batch) == 0, where, "micro-batch",
+          l.micro_batch,
           "a size such that dp x micro-batch (" + std::to_string(l.data) + " x " + std::to_string(l.micro_batch) +
               ") divides the " + std::to_string(sequences) + " sequences of a global batch");
 }

@@ -96,7 +96,7 @@ void validate_layout(const Plan& plan);
 
 // Reads a calibration JSON ({"matmul": e, "attention": {"dense": e, "dilated": e,
 // "block_sparse": e}, "source": "..."}); throws Error on a missing file, field or a value
-// outside (0, 1].
+// outside [0.001, 1].
 Efficiency read_calibration(const std::string& path);
 Efficiency uniform_efficiency(double mfu);
 
