@@ -632,7 +632,7 @@ TEMPLATE_LIST_TEST_CASE("check_finite names a non-finite input or an overflow: t
   const TestType exec;
   const double inf = std::numeric_limits<double>::infinity();
   // One bad value at an index, the call refused naming it; then the value restored.
-  auto with = [&](const Kokkos::View<float****, Memory>& view, int b, int n, int h, int d, double value, auto&& call) {
+  auto with = [&](const auto& view, int b, int n, int h, int d, double value, auto&& call) {
     const auto element = Kokkos::subview(view, b, n, h, d);
     float saved = 0;
     Kokkos::deep_copy(saved, element);
