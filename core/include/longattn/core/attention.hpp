@@ -22,8 +22,8 @@
 #include <Kokkos_Core.hpp>
 
 #include <cmath>
-#include <limits>
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -62,7 +62,7 @@ struct AttentionOptions {
   // run, the outputs after (inputs at the edge of the type's range can overflow the float
   // accumulation: bfloat16 near 3e38). The first one found is a longattn::Error naming the
   // tensor, the index and the value. Off by default: it reads every tensor once more and waits
-  // for the instance (a debugging switch, as the trainer's --check-finite).
+  // for the instance (a debugging switch).
   bool check_finite = false;
 };
 

@@ -110,6 +110,8 @@ struct LargestMagnitude {
 template <class ExecSpace, class View>
 double largest_magnitude(const ExecSpace& exec, const View& view) {
   static_assert(View::rank >= 1 && View::rank <= 4, "largest_magnitude: a view of rank 1 to 4");
+  static_assert(Kokkos::SpaceAccessibility<ExecSpace, typename View::memory_space>::accessible,
+                "largest_magnitude: a view the execution space can read");
   const detail::LargestMagnitude<View> search{detail::FlatEntries<View>(view)};
   double largest = 0;
   Kokkos::parallel_reduce("longattn::largest_magnitude",
