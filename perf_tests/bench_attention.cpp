@@ -108,6 +108,23 @@ void BM_AttentionForwardBackward(benchmark::State& state) {
                n * (4.0 + 8.0) * N * H * D * sizeof(T) + n * 2.0 * H * N * sizeof(float), seconds);
 }
 
+// The backward pass alone in each form (AttentionOptions::backward_passes). Args: {N, D, causal,
+// passes (1 or 2)}; B = 1, H = 8, fp32.
+void BM_AttentionBackwardPasses(benchmark::State& state) {
+  const int N = int(state.range(0)), D = int(state.range(1)), H = 8;
+  longattn::AttentionOptions opts;
+  opts.causal = state.range(2) != 0;
+  opts.backward_passes = state.range(3) == 1 ? longattn::BackwardPasses::one : longattn::BackwardPasses::two;
+  Problem<float> p(1, N, H, D);
+  longattn::attention_forward(Exec(), p.q, p.k, p.v, p.o, p.lse, opts);
+  const double seconds = time_steps(state, [&] {
+    longattn::attention_backward(Exec(), p.q, p.k, p.v, p.o, p.d_o, p.lse, p.dq, p.dk, p.dv, opts);
+    Kokkos::fence();
+  });
+  const double n = state.iterations();
+  set_counters(state, n * 2.5 * forward_flops(1, N, H, D, opts.causal), n * 8.0 * N * H * D * sizeof(float), seconds);
+}
+
 // Bytes allocated through Kokkos (Views, and the OpenMP backend's per-thread scratch pool) while
 // a measurement runs: Kokkos' tool hooks see every allocation and deallocation. The default
 // pool's chunks are reported to the hooks too; they are left out, as what the call takes from
@@ -292,12 +309,15 @@ BENCHMARK_TEMPLATE(BM_AttentionForward, float)
 BENCHMARK_TEMPLATE(BM_AttentionForwardBackward, float)
     ->ArgsProduct({{1024, 2048, 4096, 8192, 16384}, {64, 128}, {0, 1}})
     ->UseRealTime()->Unit(benchmark::kMillisecond);
-// bfloat16 storage (float accumulation) on the same shapes up to 8K: the cost of the conversions.
+BENCHMARK(BM_AttentionBackwardPasses)
+    ->ArgsProduct({{4096, 16384}, {64, 128}, {0, 1}, {2, 1}})
+    ->UseRealTime()->Unit(benchmark::kMillisecond);
+// bfloat16 storage (float accumulation) on the same shapes.
 BENCHMARK_TEMPLATE(BM_AttentionForward, longattn::bfloat16)
-    ->ArgsProduct({{1024, 4096, 8192}, {64, 128}, {0, 1}})
+    ->ArgsProduct({{1024, 2048, 4096, 8192, 16384}, {64, 128}, {0, 1}})
     ->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK_TEMPLATE(BM_AttentionForwardBackward, longattn::bfloat16)
-    ->ArgsProduct({{1024, 4096, 8192}, {64, 128}, {0, 1}})
+    ->ArgsProduct({{1024, 2048, 4096, 8192, 16384}, {64, 128}, {0, 1}})
     ->UseRealTime()->Unit(benchmark::kMillisecond);
 // Dense at 32K: the baseline dilated attention is compared with in the same run.
 BENCHMARK_TEMPLATE(BM_AttentionForward, float)->Args({32768, 64, 0})->Iterations(1)->UseRealTime()->Unit(benchmark::kSecond);

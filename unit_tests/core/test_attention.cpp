@@ -56,6 +56,10 @@ longattn::test::ReferenceOptions reference_options(const Shape& s, bool causal) 
   return {0.0, causal, s.query_offset, s.key_offset, {}};
 }
 
+// Both forms of the backward pass (the one-pass form where the head dim allows it), and the choice.
+const longattn::BackwardPasses backward_forms[] = {longattn::BackwardPasses::two, longattn::BackwardPasses::one,
+                                                   longattn::BackwardPasses::automatic};
+
 const Shape shapes[] = {
     {1, 1, 1, 1, 16},
     {2, 67, 67, 3, 16},
@@ -67,11 +71,16 @@ const Shape shapes[] = {
     {2, 5, 70, 2, 3},            // a head dim below every micro-tile
 };
 
+// Runs the forward pass and the backward pass in the given form (BackwardPasses::one for a head
+// dim it does not take: checks the error instead) against the reference.
 template <class ExecSpace, class T, class Tiles = longattn::DefaultTiles>
-void check_forward_and_backward(const Shape& s, bool causal, std::mt19937_64& rng) {
+void check_forward_and_backward(const Shape& s, bool causal, std::mt19937_64& rng,
+                                longattn::BackwardPasses passes = longattn::BackwardPasses::automatic) {
   using Memory = typename ExecSpace::memory_space;
   constexpr int team_size = longattn::tiles_for_t<ExecSpace, Tiles>::team_size;
-  INFO(describe(s, causal) << ", " << longattn::detail::scalar_name<T>() << ", team size " << team_size);
+  constexpr int multiple = longattn::attention_one_pass_head_dim_multiple<ExecSpace, T, Tiles>();
+  INFO(describe(s, causal) << ", " << longattn::detail::scalar_name<T>() << ", team size " << team_size
+                           << ", backward passes " << longattn::to_string(passes));
   const HostTensor q = random_tensor<T>(s.batch, s.queries, s.heads, s.head_dim, rng);
   const HostTensor k = random_tensor<T>(s.batch, s.keys, s.heads, s.head_dim, rng);
   const HostTensor v = random_tensor<T>(s.batch, s.keys, s.heads, s.head_dim, rng);
@@ -91,8 +100,17 @@ void check_forward_and_backward(const Shape& s, bool causal, std::mt19937_64& rn
   Kokkos::View<T****, Memory> dq("dq", s.batch, s.queries, s.heads, s.head_dim);
   Kokkos::View<T****, Memory> dk("dk", s.batch, s.keys, s.heads, s.head_dim), dv("dv", s.batch, s.keys, s.heads, s.head_dim);
   const ExecSpace exec;
-  longattn::attention_forward<Tiles>(exec, qd, kd, vd, o, lse, options(s, causal));
-  longattn::attention_backward<Tiles>(exec, qd, kd, vd, o, dod, lse, dq, dk, dv, options(s, causal));
+  auto opts = options(s, causal);
+  opts.backward_passes = passes;
+  longattn::attention_forward<Tiles>(exec, qd, kd, vd, o, lse, opts);
+  if (passes == longattn::BackwardPasses::one && s.head_dim % multiple != 0) {
+    CHECK_THROWS_WITH(longattn::attention_backward<Tiles>(exec, qd, kd, vd, o, dod, lse, dq, dk, dv, opts),
+                      Catch::Contains("'opts.backward_passes' is one, expected two or automatic for head dim " +
+                                      std::to_string(s.head_dim) + " (the one-pass form takes multiples of " +
+                                      std::to_string(multiple) + ")"));
+    return;
+  }
+  longattn::attention_backward<Tiles>(exec, qd, kd, vd, o, dod, lse, dq, dk, dv, opts);
   exec.fence();
 
   CHECK(relative_error(to_host(o), o_ref) <= tolerance<T>());
@@ -108,10 +126,11 @@ TEMPLATE_LIST_TEST_CASE("attention forward and backward match the double referen
                         longattn::test::ExecutionSpaces) {
   std::mt19937_64 rng(longattn::test::test_seed());
   for (const Shape& s : shapes)
-    for (bool causal : {false, true}) {
-      check_forward_and_backward<TestType, float>(s, causal, rng);
-      check_forward_and_backward<TestType, double>(s, causal, rng);
-    }
+    for (bool causal : {false, true})
+      for (auto passes : backward_forms) {
+        check_forward_and_backward<TestType, float>(s, causal, rng, passes);
+        check_forward_and_backward<TestType, double>(s, causal, rng, passes);
+      }
 }
 
 // The GPU's shape of the kernels (the forward pass and both backward passes) on the host, teams of
@@ -122,11 +141,12 @@ TEMPLATE_LIST_TEST_CASE("attention in the GPU's tile shape with several threads 
 #ifdef KOKKOS_ENABLE_OPENMP
   std::mt19937_64 rng(longattn::test::test_seed());
   for (const Shape& s : shapes)
-    for (bool causal : {false, true}) {
-      check_forward_and_backward<Kokkos::OpenMP, float, TestType>(s, causal, rng);
-      check_forward_and_backward<Kokkos::OpenMP, double, TestType>(s, causal, rng);
-      check_forward_and_backward<Kokkos::OpenMP, longattn::bfloat16, TestType>(s, causal, rng);
-    }
+    for (bool causal : {false, true})
+      for (auto passes : {longattn::BackwardPasses::two, longattn::BackwardPasses::one}) {
+        check_forward_and_backward<Kokkos::OpenMP, float, TestType>(s, causal, rng, passes);
+        check_forward_and_backward<Kokkos::OpenMP, double, TestType>(s, causal, rng, passes);
+        check_forward_and_backward<Kokkos::OpenMP, longattn::bfloat16, TestType>(s, causal, rng, passes);
+      }
 #endif
 }
 
@@ -144,23 +164,25 @@ TEMPLATE_LIST_TEST_CASE("bfloat16 and float16 attention match the double referen
                         "[core][attention][half]", longattn::test::ExecutionSpaces) {
   std::mt19937_64 rng(longattn::test::test_seed());
   for (const Shape& s : shapes)
-    for (bool causal : {false, true}) {
-      check_forward_and_backward<TestType, longattn::bfloat16>(s, causal, rng);
-      check_forward_and_backward<TestType, longattn::float16>(s, causal, rng);
-    }
+    for (bool causal : {false, true})
+      for (auto passes : {longattn::BackwardPasses::two, longattn::BackwardPasses::one}) {
+        check_forward_and_backward<TestType, longattn::bfloat16>(s, causal, rng, passes);
+        check_forward_and_backward<TestType, longattn::float16>(s, causal, rng, passes);
+      }
 }
 
 TEMPLATE_LIST_TEST_CASE("output_scale scales o and its gradients; accumulate_gradients adds to them",
                         "[core][attention]", longattn::test::ExecutionSpaces) {
   using Memory = typename TestType::memory_space;
   std::mt19937_64 rng(longattn::test::test_seed());
-  const Shape s{2, 77, 90, 2, 16, 20, 0};
+  const Shape s{2, 77, 90, 2, 32, 20, 0};  // a head dim both backward forms take
   const double c = -0.375;
-  for (bool causal : {false, true}) {
-    INFO(describe(s, causal) << ", output_scale " << c);
-    const HostTensor q = random_tensor<double>(2, 77, 2, 16, rng), k = random_tensor<double>(2, 90, 2, 16, rng);
-    const HostTensor v = random_tensor<double>(2, 90, 2, 16, rng), d_o = random_tensor<double>(2, 77, 2, 16, rng);
-    HostTensor o_ref("o", 2, 77, 2, 16), dq_ref("dq", 2, 77, 2, 16), dk_ref("dk", 2, 90, 2, 16), dv_ref("dv", 2, 90, 2, 16);
+  for (bool causal : {false, true})
+    for (auto passes : {longattn::BackwardPasses::two, longattn::BackwardPasses::one}) {
+    INFO(describe(s, causal) << ", output_scale " << c << ", backward passes " << longattn::to_string(passes));
+    const HostTensor q = random_tensor<double>(2, 77, 2, 32, rng), k = random_tensor<double>(2, 90, 2, 32, rng);
+    const HostTensor v = random_tensor<double>(2, 90, 2, 32, rng), d_o = random_tensor<double>(2, 77, 2, 32, rng);
+    HostTensor o_ref("o", 2, 77, 2, 32), dq_ref("dq", 2, 77, 2, 32), dk_ref("dk", 2, 90, 2, 32), dv_ref("dv", 2, 90, 2, 32);
     HostRows lse_ref("lse", 2, 2, 77);
     longattn::test::reference_attention_forward(q, k, v, o_ref, lse_ref, reference_options(s, causal));
     longattn::test::reference_attention_backward(q, k, v, d_o, dq_ref, dk_ref, dv_ref, reference_options(s, causal));
@@ -170,10 +192,11 @@ TEMPLATE_LIST_TEST_CASE("output_scale scales o and its gradients; accumulate_gra
 
     auto qd = to_device<double, Memory>(q), kd = to_device<double, Memory>(k), vd = to_device<double, Memory>(v);
     auto dod = to_device<double, Memory>(d_o);
-    Kokkos::View<double****, Memory> o("o", 2, 77, 2, 16), dq("dq", 2, 77, 2, 16), dk("dk", 2, 90, 2, 16), dv("dv", 2, 90, 2, 16);
+    Kokkos::View<double****, Memory> o("o", 2, 77, 2, 32), dq("dq", 2, 77, 2, 32), dk("dk", 2, 90, 2, 32), dv("dv", 2, 90, 2, 32);
     Kokkos::View<double***, Memory> lse("lse", 2, 2, 77);
     auto opts = options(s, causal);
     opts.output_scale = c;
+    opts.backward_passes = passes;
     longattn::attention_forward(TestType(), qd, kd, vd, o, lse, opts);
     longattn::attention_backward(TestType(), qd, kd, vd, o, dod, lse, dq, dk, dv, opts);
     CHECK(relative_error(to_host(o), o_ref) <= tolerance<double>());
@@ -280,16 +303,18 @@ TEMPLATE_LIST_TEST_CASE("attention gradients match central finite differences", 
                         longattn::test::ExecutionSpaces) {
   using Memory = typename TestType::memory_space;
   std::mt19937_64 rng(longattn::test::test_seed());
-  const Shape s{1, 9, 11, 2, 8, 3, 0};
-  for (bool causal : {false, true}) {
-    INFO(describe(s, causal));
-    const auto opts = options(s, causal);
-    auto q = to_device<double, Memory>(random_tensor<double>(1, 9, 2, 8, rng));
-    auto k = to_device<double, Memory>(random_tensor<double>(1, 11, 2, 8, rng));
-    auto v = to_device<double, Memory>(random_tensor<double>(1, 11, 2, 8, rng));
-    const HostTensor d_o = random_tensor<double>(1, 9, 2, 8, rng);
+  const Shape s{1, 9, 11, 2, 32, 3, 0};  // a head dim both backward forms take
+  for (bool causal : {false, true})
+    for (auto passes : {longattn::BackwardPasses::two, longattn::BackwardPasses::one}) {
+    INFO(describe(s, causal) << ", backward passes " << longattn::to_string(passes));
+    auto opts = options(s, causal);
+    opts.backward_passes = passes;
+    auto q = to_device<double, Memory>(random_tensor<double>(1, 9, 2, 32, rng));
+    auto k = to_device<double, Memory>(random_tensor<double>(1, 11, 2, 32, rng));
+    auto v = to_device<double, Memory>(random_tensor<double>(1, 11, 2, 32, rng));
+    const HostTensor d_o = random_tensor<double>(1, 9, 2, 32, rng);
     auto dod = to_device<double, Memory>(d_o);
-    Kokkos::View<double****, Memory> o("o", 1, 9, 2, 8), dq("dq", 1, 9, 2, 8), dk("dk", 1, 11, 2, 8), dv("dv", 1, 11, 2, 8);
+    Kokkos::View<double****, Memory> o("o", 1, 9, 2, 32), dq("dq", 1, 9, 2, 32), dk("dk", 1, 11, 2, 32), dv("dv", 1, 11, 2, 32);
     Kokkos::View<double***, Memory> lse("lse", 1, 2, 9);
     longattn::attention_forward(TestType(), q, k, v, o, lse, opts);
     longattn::attention_backward(TestType(), q, k, v, o, dod, lse, dq, dk, dv, opts);
@@ -312,6 +337,61 @@ TEMPLATE_LIST_TEST_CASE("attention gradients match central finite differences", 
     check_gradient(q, dq, "dq");
     check_gradient(k, dk, "dk");
     check_gradient(v, dv, "dv");
+  }
+}
+
+// The one-pass form sums dQ in place when dq holds the accumulation type with the head dim
+// contiguous, else in a workspace added into dq at the end: here LayoutLeft float dq, with
+// accumulate_gradients (the 16-bit tests above take the workspace too); and both forms give the
+// same results every time (no atomics).
+TEMPLATE_LIST_TEST_CASE("the one-pass backward sums dQ in place or in a workspace, deterministically",
+                        "[core][attention]", longattn::test::ExecutionSpaces) {
+  using Memory = typename TestType::memory_space;
+  std::mt19937_64 rng(longattn::test::test_seed());
+  const Shape s{2, 90, 70, 3, 64, 30, 0};
+  for (bool causal : {false, true}) {
+    INFO(describe(s, causal));
+    const HostTensor q = random_tensor<float>(2, 90, 3, 64, rng), k = random_tensor<float>(2, 70, 3, 64, rng);
+    const HostTensor v = random_tensor<float>(2, 70, 3, 64, rng), d_o = random_tensor<float>(2, 90, 3, 64, rng);
+    HostTensor o_ref("o", 2, 90, 3, 64), dq_ref("dq", 2, 90, 3, 64), dk_ref("dk", 2, 70, 3, 64), dv_ref("dv", 2, 70, 3, 64);
+    HostRows lse_ref("lse", 2, 3, 90);
+    longattn::test::reference_attention_forward(q, k, v, o_ref, lse_ref, reference_options(s, causal));
+    longattn::test::reference_attention_backward(q, k, v, d_o, dq_ref, dk_ref, dv_ref, reference_options(s, causal));
+    using Left4 = Kokkos::View<float****, Kokkos::LayoutLeft, Memory>;
+    Left4 ql("q", 2, 90, 3, 64), kl("k", 2, 70, 3, 64), vl("v", 2, 70, 3, 64), dol("do", 2, 90, 3, 64);
+    Kokkos::deep_copy(ql, to_device<float, Memory>(q));
+    Kokkos::deep_copy(kl, to_device<float, Memory>(k));
+    Kokkos::deep_copy(vl, to_device<float, Memory>(v));
+    Kokkos::deep_copy(dol, to_device<float, Memory>(d_o));
+    Left4 o("o", 2, 90, 3, 64), dq("dq", 2, 90, 3, 64), dk("dk", 2, 70, 3, 64), dv("dv", 2, 70, 3, 64);
+    Kokkos::View<float***, Memory> lse("lse", 2, 3, 90);
+    auto opts = options(s, causal);
+    opts.backward_passes = longattn::BackwardPasses::one;
+    longattn::attention_forward(TestType(), ql, kl, vl, o, lse, opts);
+    longattn::attention_backward(TestType(), ql, kl, vl, o, dol, lse, dq, dk, dv, opts);
+    CHECK(relative_error(to_host(dq), dq_ref) <= gradient_tolerance<float>());
+    CHECK(relative_error(to_host(dk), dk_ref) <= gradient_tolerance<float>());
+    const HostTensor dq_once = to_host(dq);
+    opts.accumulate_gradients = true;
+    longattn::attention_backward(TestType(), ql, kl, vl, o, dol, lse, dq, dk, dv, opts);
+    HostTensor dq_twice("dq", 2, 90, 3, 64);
+    for (std::size_t i = 0; i < dq_ref.span(); ++i) dq_twice.data()[i] = 2 * dq_ref.data()[i];
+    CHECK(relative_error(to_host(dq), dq_twice) <= gradient_tolerance<float>());
+
+    // Each form twice: bitwise the same results.
+    opts.accumulate_gradients = false;
+    for (auto passes : {longattn::BackwardPasses::two, longattn::BackwardPasses::one}) {
+      opts.backward_passes = passes;
+      Left4 dq2("dq", 2, 90, 3, 64), dk2("dk", 2, 70, 3, 64), dv2("dv", 2, 70, 3, 64);
+      longattn::attention_backward(TestType(), ql, kl, vl, o, dol, lse, dq, dk, dv, opts);
+      longattn::attention_backward(TestType(), ql, kl, vl, o, dol, lse, dq2, dk2, dv2, opts);
+      bool same = true;
+      for (auto [a, b] : {std::pair(to_host(dq), to_host(dq2)), std::pair(to_host(dk), to_host(dk2)),
+                          std::pair(to_host(dv), to_host(dv2))})
+        for (std::size_t i = 0; i < a.span(); ++i) same = same && a.data()[i] == b.data()[i];
+      INFO("backward passes " << longattn::to_string(passes));
+      CHECK(same);
+    }
   }
 }
 

@@ -12,15 +12,17 @@
 // `blocks` is the block pattern the kernels visit: dense by default (DenseBlocks), or a
 // block-sparse layout (block_sparse_layout.hpp), whose cost is proportional to its kept blocks.
 //
-// Memory: the forward pass allocates nothing; the backward pass allocates
-// attention_backward_workspace_bytes() = B * H * Nq * sizeof(accumulate_t<T>) (Delta =
-// rowsum(dO * O)) from the pool of the ExecutionContext it is given (execution_context.hpp), or
-// the default pool when given a bare instance. Each
-// team also uses the scratch of attention_scratch_bytes() (per thread on a CPU).
+// Memory: the forward pass allocates nothing; the backward pass allocates Delta = rowsum(dO * O),
+// B * H * Nq * sizeof(accumulate_t<T>), and in its one-pass form, unless dq holds float or double
+// with the head dim contiguous, dQ's float sums (B * H * Nq * D), from the pool of the
+// ExecutionContext it is given (execution_context.hpp), or the default pool when given a bare
+// instance: at most attention_backward_workspace_bytes(). Each team also uses the scratch of
+// attention_scratch_bytes() (per thread on a CPU).
 #pragma once
 
 #include <Kokkos_Core.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -41,6 +43,17 @@
 #include "longattn/error.hpp"
 
 namespace longattn {
+
+// How the backward pass is cut (detail/attention_kernels.hpp). `two`: a dK/dV pass and a dQ
+// pass over B x H x blocks teams, 7 block products per block pair; `one`: one team per
+// (batch, head) accumulates dQ as it goes, 5 products, for head dims that are multiples of
+// attention_one_pass_head_dim_multiple(); `automatic`: one pass where B x H teams keep the space
+// busy (5 x rounds of B x H over the teams it runs at once <= 7 x the even share) and the head
+// dim allows, else two. The same gradients up to rounding, and both are deterministic.
+enum class BackwardPasses { automatic, two, one };
+inline const char* to_string(BackwardPasses passes) {
+  return passes == BackwardPasses::automatic ? "automatic" : passes == BackwardPasses::two ? "two" : "one";
+}
 
 struct AttentionOptions {
   std::optional<double> softmax_scale;  // default 1 / sqrt(head dim)
@@ -64,6 +77,7 @@ struct AttentionOptions {
   // tensor, the index and the value. Off by default: it reads every tensor once more and waits
   // for the instance (a debugging switch).
   bool check_finite = false;
+  BackwardPasses backward_passes = BackwardPasses::automatic;
 };
 
 // Largest head dimension the kernels accept (scratch grows with it).
@@ -76,17 +90,24 @@ constexpr int attention_block_size() {
   return tiles_for_t<ExecSpace, Tiles>::template shape<accumulate_t<T>>::block;
 }
 
+// The most the backward pass allocates from the pool: Delta, and dQ's sums in the one-pass form.
 template <class T>
-std::size_t attention_backward_workspace_bytes(int batch, int heads, int queries) {
-  return std::size_t(batch) * heads * queries * sizeof(accumulate_t<T>);
+std::size_t attention_backward_workspace_bytes(int batch, int heads, int queries, int head_dim) {
+  return std::size_t(batch) * heads * queries * (1 + std::size_t(head_dim)) * sizeof(accumulate_t<T>);
 }
 
-// Team scratch of the forward pass and of the larger of the two backward passes.
+// Team scratch of the forward pass and of the largest backward kernel (the one-pass form's).
 template <class ExecSpace, class T, class Tiles = DefaultTiles>
 std::size_t attention_scratch_bytes(int head_dim, bool backward) {
   using Resolved = tiles_for_t<ExecSpace, Tiles>;
-  return backward ? detail::KeyGradientKernel<ExecSpace, T, DenseBlocks, Resolved>::scratch_bytes(head_dim)
+  return backward ? detail::KeyGradientKernel<ExecSpace, T, DenseBlocks, Resolved, true>::scratch_bytes(head_dim)
                   : detail::ForwardKernel<ExecSpace, T, DenseBlocks, Resolved>::scratch_bytes(head_dim);
+}
+
+// The one-pass backward form takes head dims that are multiples of this (the micro-tile width).
+template <class ExecSpace, class T, class Tiles = DefaultTiles>
+constexpr int attention_one_pass_head_dim_multiple() {
+  return detail::KeyGradientKernel<ExecSpace, T, DenseBlocks, tiles_for_t<ExecSpace, Tiles>, true>::head_dim_multiple;
 }
 
 namespace detail {
@@ -363,6 +384,16 @@ void run_team_kernel(const char* label, const ExecSpace& exec, Kernel kernel) {
   Kokkos::parallel_for(label, policy, kernel);
 }
 
+// f(b, i, h) for every query row of an attention call, on `exec`.
+template <class ExecSpace, class F>
+void for_each_query_row(const char* label, const ExecSpace& exec, const AttentionGeometry& geo, const F& f) {
+  const int heads = geo.heads, queries = geo.queries;
+  Kokkos::parallel_for(
+      label,
+      Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(exec, 0, std::int64_t(geo.batch) * queries * heads),
+      KOKKOS_LAMBDA(std::int64_t row) { f(int(row / heads / queries), int(row / heads % queries), int(row % heads)); });
+}
+
 // The compiled entry points under attention_forward and attention_backward, one class per
 // (execution space, storage type S, block pattern, tile configuration). The members are
 // defined out of line (not inline), so that the `extern template` declarations of eti.hpp make
@@ -375,15 +406,18 @@ struct AttentionKernels {
   using Input = Tensor4<const S, ExecSpace>;
   using Output = Tensor4<S, ExecSpace>;
   using Delta = Kokkos::View<T***, typename ExecSpace::memory_space>;  // [B, H, Nq]
+  using Context = ExecutionContext<ExecSpace>;
 
   static void forward(const ExecSpace& exec, const Input& q, const Input& k, const Input& v, const Output& o,
                       const Tensor3<T, ExecSpace>& lse, const AttentionGeometry& geo, const Pattern& pattern,
                       const AttentionOptions& opts);
-  // delta: workspace for rowsum(dO * O), written here.
-  static void backward(const ExecSpace& exec, const Input& q, const Input& k, const Input& v, const Input& o,
+  // Workspaces (Delta, dQ's sums) from the context's pool.
+  static void backward(const Context& context, const Input& q, const Input& k, const Input& v, const Input& o,
                        const Input& d_o, const Tensor3<const T, ExecSpace>& lse, const Output& dq, const Output& dk,
-                       const Output& dv, const Delta& delta, const AttentionGeometry& geo, const Pattern& pattern,
+                       const Output& dv, const AttentionGeometry& geo, const Pattern& pattern,
                        const AttentionOptions& opts);
+  // Whether backward() takes the one-pass form (AttentionOptions::backward_passes).
+  static bool one_pass(const ExecSpace& exec, const AttentionGeometry& geo, BackwardPasses passes);
 };
 
 template <class ExecSpace, class S, class Pattern, class Tiles>
@@ -400,26 +434,78 @@ void AttentionKernels<ExecSpace, S, Pattern, Tiles>::forward(const ExecSpace& ex
 }
 
 template <class ExecSpace, class S, class Pattern, class Tiles>
-void AttentionKernels<ExecSpace, S, Pattern, Tiles>::backward(const ExecSpace& exec, const Input& q, const Input& k,
+bool AttentionKernels<ExecSpace, S, Pattern, Tiles>::one_pass(const ExecSpace& exec, const AttentionGeometry& geo,
+                                                              BackwardPasses passes) {
+  if (geo.head_dim % KeyGradientKernel<ExecSpace, S, Pattern, Tiles, true>::head_dim_multiple != 0) return false;
+  if (passes != BackwardPasses::automatic) return passes == BackwardPasses::one;
+  // One pass: rounds of one head per team, 5 products per block pair; two passes: 7, spread evenly.
+  const std::int64_t heads = std::int64_t(geo.batch) * geo.heads;
+  const std::int64_t teams = std::max<std::int64_t>(1, exec.concurrency() / Tiles::team_size);
+  return 5 * teams * ((heads + teams - 1) / teams) <= 7 * heads;
+}
+
+template <class ExecSpace, class S, class Pattern, class Tiles>
+void AttentionKernels<ExecSpace, S, Pattern, Tiles>::backward(const Context& context, const Input& q, const Input& k,
                                                               const Input& v, const Input& o, const Input& d_o,
                                                               const Tensor3<const T, ExecSpace>& lse, const Output& dq,
-                                                              const Output& dk, const Output& dv, const Delta& delta,
+                                                              const Output& dk, const Output& dv,
                                                               const AttentionGeometry& geo, const Pattern& pattern,
                                                               const AttentionOptions& opts) {
+  using Memory = typename ExecSpace::memory_space;
+  const ExecSpace& exec = context.exec();
   const double scale = softmax_scale(opts, geo.head_dim);
   const T scale_log2 = T(scale * log2_e<double>());
+  const auto delta = context.template allocate<Delta>(geo.batch, geo.heads, geo.queries);
   Kokkos::parallel_for("longattn::attention_backward::delta",
                        Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(
                            exec, 0, std::int64_t(geo.batch) * geo.heads * geo.queries),
-                       DeltaKernel<ExecSpace, S>{o, d_o, delta, geo.heads, geo.queries, geo.head_dim});
-  run_team_kernel(
-      "longattn::attention_backward::dk_dv", exec,
-      KeyGradientKernel<ExecSpace, S, Pattern, Tiles>{q, k, v, d_o, lse, delta, dk, dv, geo, pattern, scale_log2,
-                                                      T(opts.output_scale), opts.accumulate_gradients, 0});
-  run_team_kernel("longattn::attention_backward::dq", exec,
-                  QueryGradientKernel<ExecSpace, S, Pattern, Tiles>{q, k, v, d_o, lse, delta, dq, geo, pattern,
-                                                                    T(scale), scale_log2, T(opts.output_scale),
+                       DeltaKernel<ExecSpace, S>{o, d_o, delta.view(), geo.heads, geo.queries, geo.head_dim});
+  if (!one_pass(exec, geo, opts.backward_passes)) {
+    run_team_kernel("longattn::attention_backward::dk_dv", exec,
+                    KeyGradientKernel<ExecSpace, S, Pattern, Tiles>{q, k, v, d_o, lse, delta.view(), dk, dv, geo,
+                                                                    pattern, scale_log2, T(opts.output_scale),
                                                                     opts.accumulate_gradients, 0});
+    run_team_kernel("longattn::attention_backward::dq", exec,
+                    QueryGradientKernel<ExecSpace, S, Pattern, Tiles>{q, k, v, d_o, lse, delta.view(), dq, geo,
+                                                                      pattern, T(scale), scale_log2,
+                                                                      T(opts.output_scale), opts.accumulate_gradients,
+                                                                      0});
+    return;
+  }
+  // One pass: dQ is summed in place where dq holds T with the head dim contiguous, else in a
+  // workspace of T, [B][H][Nq][D] (each head's rows together), added into dq at the end.
+  using Sums = Kokkos::View<T*, Memory>;
+  memory::PooledView<Sums> workspace;
+  Tensor4<T, ExecSpace> dq_sum;
+  if constexpr (std::is_same_v<S, T>) {
+    if (dq.stride(3) == 1 && dq.stride(1) <= std::size_t(std::numeric_limits<int>::max())) dq_sum = dq;
+  }
+  if (dq_sum.data() == nullptr) {
+    const std::size_t B = geo.batch, H = geo.heads, N = geo.queries, D = geo.head_dim;
+    workspace = context.template allocate<Sums>(B * H * N * D);
+    const std::size_t extents[4] = {B, N, H, D}, strides[4] = {H * N * D, D, N * D, 1};
+    dq_sum = Tensor4<T, ExecSpace>(workspace.data(), Kokkos::LayoutStride(extents[0], strides[0], extents[1], strides[1],
+                                                                          extents[2], strides[2], extents[3], strides[3]));
+    Kokkos::deep_copy(exec, workspace.view(), T(0));
+  }
+  const int head_dim = geo.head_dim;
+  if (workspace.data() == nullptr && !opts.accumulate_gradients)
+    for_each_query_row("longattn::attention_backward::zero_dq", exec, geo, KOKKOS_LAMBDA(int b, int i, int h) {
+      for (int d = 0; d < head_dim; ++d) dq_sum(b, i, h, d) = T(0);
+    });
+  KeyGradientKernel<ExecSpace, S, Pattern, Tiles, true> kernel{
+      q, k, v, d_o, lse, delta.view(), dk, dv, geo, pattern, scale_log2, T(opts.output_scale), opts.accumulate_gradients,
+      0};
+  kernel.dq_sum = dq_sum;
+  kernel.scale = T(scale);
+  run_team_kernel("longattn::attention_backward::dq_dk_dv", exec, kernel);
+  if (workspace.data() != nullptr) {
+    const bool accumulate = opts.accumulate_gradients;
+    for_each_query_row("longattn::attention_backward::dq", exec, geo, KOKKOS_LAMBDA(int b, int i, int h) {
+      for (int d = 0; d < head_dim; ++d)
+        dq(b, i, h, d) = S((accumulate ? T(dq(b, i, h, d)) : T(0)) + dq_sum(b, i, h, d));
+    });
+  }
 }
 
 // Compiled into liblongattn_core (detail/eti.hpp); block_sparse_layout.hpp declares its own.
@@ -477,6 +563,11 @@ void attention_backward(const On& on, const Q& q, const K& k, const V& v, const 
 
   if constexpr (detail::runnable_attention<T, Lse, K, V, O, DO, DQ, DK, DV>) {
     detail::check_blocks<ExecSpace, T, Tiles>(where, blocks, geo);
+    constexpr int multiple = attention_one_pass_head_dim_multiple<ExecSpace, T, Tiles>();
+    require(opts.backward_passes != BackwardPasses::one || geo.head_dim % multiple == 0, where,
+            "opts.backward_passes", "one",
+            "two or automatic for head dim " + std::to_string(geo.head_dim) +
+                " (the one-pass form takes multiples of " + std::to_string(multiple) + ")");
     const auto& context = context_of(on);
     const ExecSpace& exec = context.exec();
     if (opts.check_finite) {
@@ -485,9 +576,8 @@ void attention_backward(const On& on, const Q& q, const K& k, const V& v, const 
       detail::check_finite_tensor(where, exec, "d_o", d_o, detail::finite_input());
       detail::check_finite_tensor(where, exec, "lse", lse, detail::finite_input(), true);
     }
-    using Kernels = detail::AttentionKernels<ExecSpace, T, Blocks, tiles_for_t<ExecSpace, Tiles>>;
-    const auto delta = context.template allocate<typename Kernels::Delta>(geo.batch, geo.heads, geo.queries);
-    Kernels::backward(exec, q, k, v, o, d_o, lse, dq, dk, dv, delta.view(), geo, blocks, opts);
+    detail::AttentionKernels<ExecSpace, T, Blocks, tiles_for_t<ExecSpace, Tiles>>::backward(
+        context, q, k, v, o, d_o, lse, dq, dk, dv, geo, blocks, opts);
     if (opts.check_finite) {
       detail::check_finite_tensor(where, exec, "dq", dq, detail::overflowed<T>("the gradient sums"));
       detail::check_finite_tensor(where, exec, "dk", dk, detail::overflowed<T>("the gradient sums"));

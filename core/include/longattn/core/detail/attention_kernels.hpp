@@ -3,9 +3,13 @@
 //   DeltaKernel         Delta[b,h,i] = sum_d dO[i][d] O[i][d] (backward's softmax correction)
 //   KeyGradientKernel   one team per (batch, head, key block): dK and dV
 //   QueryGradientKernel one team per (batch, head, query block): dQ
-// The dK/dV and dQ passes each own their outputs, so the backward pass needs no atomics and is
-// deterministic; the price is recomputing S and dP in both passes (7 block products instead of
-// FlashAttention-2's 5).
+//   KeyGradientKernel<..., true>  the one-pass form: one team per (batch, head) walks all its
+//                       key blocks and also accumulates dQ (FlashAttention-2's 5 products)
+// The backward pass has two forms, both without atomics and deterministic. Two passes (dK/dV,
+// then dQ) each own their outputs, at the price of computing S and dP in both (7 block
+// products); they spread over B H (blocks) teams. One pass owns a whole head: its dQ rows are
+// summed in place, in the order of the key blocks, by the one team that owns them; it needs B H
+// teams to keep the threads busy (attention.hpp chooses).
 //
 // Scores are kept in log2 units: the resident Q block is pre-multiplied by scale * log2(e), so
 // the softmax is exp2 of differences, and LSE is converted to the natural log on output.
@@ -350,9 +354,12 @@ KOKKOS_INLINE_FUNCTION void load_row_statistics(const Lse& lse, const Delta& del
 }
 
 // ---------------------------------------------------------------------------------------------
-// dK and dV. Keys along lanes. Scratch: Kt[D][L], Vt[D][L], the query block's Q (scaled) and
-// dO [L][D], S[L][L] (then P), dP[L][L] (then dS), dKt[D][L], dVt[D][L], lse2[L], delta[L].
-template <class ExecSpace, class S, class Pattern, class Tiles>
+// dK and dV, and in the one-pass form (WithQueryGradient) dQ too. Keys along lanes. Scratch:
+// Kt[D][L], Vt[D][L], the query block's Q (scaled) and dO [L][D], S[L][L] (then P), dP[L][L]
+// (then dS), dKt[D][L], dVt[D][L], lse2[L], delta[L]; one pass adds the key block's rows
+// K[L][D] (times the softmax scale) for dQ[i][d] += sum_j dS[i][j] K[j][d], a product with the
+// head dim along the lanes (so D is a multiple of packs x lanes) into dq_sum's rows.
+template <class ExecSpace, class S, class Pattern, class Tiles, bool WithQueryGradient = false>
 struct KeyGradientKernel {
   using T = accumulate_t<S>;
   using Shape = typename Tiles::template shape<T>;
@@ -373,34 +380,63 @@ struct KeyGradientKernel {
   T output_scale;  // d(output_scale O)/dO: dO enters every product times output_scale
   bool accumulate;  // add into dk, dv
   int scratch_level;
+  // One pass only: dQ's sums (dq itself, or a workspace in T), the head dim contiguous, added to.
+  Tensor4<T, ExecSpace> dq_sum = {};
+  T scale = T(0);
+
+  // The head dims the one-pass form takes: dQ's product has them along its micro-tile columns.
+  static constexpr int head_dim_multiple = Shape::packs * W;
 
   static std::size_t scratch_bytes(int head_dim) {
     using A = ScratchArena<Member>;
     const std::size_t D = head_dim, e = sizeof(T);
-    return 6 * A::bytes(D * L, e) + 2 * A::bytes(L * L, e) + 2 * A::bytes(L, e);
+    return (WithQueryGradient ? 7 : 6) * A::bytes(D * L, e) + 2 * A::bytes(L * L, e) + 2 * A::bytes(L, e);
   }
-  int league_size() const { return geo.batch * geo.heads * pattern.key_blocks(); }
+  int league_size() const { return geo.batch * geo.heads * (WithQueryGradient ? 1 : pattern.key_blocks()); }
+
+  struct Scratch {
+    T *kt, *vt, *ks, *qs, *dos, *s, *dp, *dkt, *dvt, *lse2, *delta_rows;
+  };
 
   KOKKOS_INLINE_FUNCTION void operator()(const Member& team) const {
     const int D = geo.head_dim;
-    const TeamBlock mine = team_block(team.league_rank(), pattern.key_blocks(), geo.heads, geo.keys, L, false);
-    const int b = mine.b, h = mine.h, kb = mine.block, k_first = mine.first, k_count = mine.count;
-
     const ScratchArena<Member> arena{team, scratch_level};
-    T* kt = arena.template take<T>(D * L);
-    T* vt = arena.template take<T>(D * L);
-    T* qs = arena.template take<T>(L * D);
-    T* dos = arena.template take<T>(L * D);
-    T* s = arena.template take<T>(L * L);
-    T* dp = arena.template take<T>(L * L);
-    T* dkt = arena.template take<T>(D * L);
-    T* dvt = arena.template take<T>(D * L);
-    T* lse2 = arena.template take<T>(L);
-    T* delta_rows = arena.template take<T>(L);
-    TeamBarrier<Member> barrier(team, kt);
+    Scratch x;
+    x.kt = arena.template take<T>(D * L);
+    x.vt = arena.template take<T>(D * L);
+    x.ks = WithQueryGradient ? arena.template take<T>(L * D) : nullptr;
+    x.qs = arena.template take<T>(L * D);
+    x.dos = arena.template take<T>(L * D);
+    x.s = arena.template take<T>(L * L);
+    x.dp = arena.template take<T>(L * L);
+    x.dkt = arena.template take<T>(D * L);
+    x.dvt = arena.template take<T>(D * L);
+    x.lse2 = arena.template take<T>(L);
+    x.delta_rows = arena.template take<T>(L);
+    TeamBarrier<Member> barrier(team, x.kt);
+    if constexpr (WithQueryGradient) {
+      const int b = team.league_rank() / geo.heads, h = team.league_rank() % geo.heads;
+      for (int kb = 0; kb < pattern.key_blocks(); ++kb) key_block(team, x, barrier, b, h, kb);
+    } else {
+      const TeamBlock mine = team_block(team.league_rank(), pattern.key_blocks(), geo.heads, geo.keys, L, false);
+      key_block(team, x, barrier, mine.b, mine.h, mine.block);
+    }
+  }
 
+  KOKKOS_INLINE_FUNCTION void key_block(const Member& team, const Scratch& x, TeamBarrier<Member>& barrier, int b,
+                                        int h, int kb) const {
+    const int D = geo.head_dim;
+    const int k_first = kb * L, k_count = tokens_in_block(k_first, geo.keys, L);
+    T *kt = x.kt, *vt = x.vt, *qs = x.qs, *dos = x.dos, *s = x.s, *dp = x.dp, *dkt = x.dkt, *dvt = x.dvt,
+      *lse2 = x.lse2, *delta_rows = x.delta_rows;
+
+    barrier();  // the previous key block's stores are done with dKt and dVt
     load_transposed<L>(team, k, b, h, k_first, k_count, D, T(1), kt);
     load_transposed<L>(team, v, b, h, k_first, k_count, D, T(1), vt);
+    if constexpr (WithQueryGradient)
+      Kokkos::parallel_for(Kokkos::TeamThreadRange(team, k_count), [&](int j) {
+        for (int d = 0; d < D; ++d) x.ks[j * D + d] = T(k(b, k_first + j, h, d)) * scale;
+      });
     zero_scratch(team, dkt, D * L);
     zero_scratch(team, dvt, D * L);
 
@@ -447,7 +483,16 @@ struct KeyGradientKernel {
       barrier();
       // dVt[d][j] += sum_i dO[i][d] P[i][j];  dKt[d][j] += sum_i Q[i][d] dS[i][j]
       tile_mma<Shape>(team, D, L, q_count, dos, 1, D, s, L, dvt, L, true);
-      tile_mma<Shape>(team, D, L, q_count, qs, 1, D, dp, L, dkt, L, true);
+      tile_mma<Shape>(team, D, L, q_count, qs, 1, D, dp, L, dkt, L, true, [&](int tile, int tiles) {
+        if constexpr (WithQueryGradient)
+          prefetch_rows(dq_sum, b, h, next_first, next_count, D, tile, tiles);
+        else
+          (void)tile, (void)tiles;
+      });
+      // dQ[i][d] += sum_j dS[i][j] K[j][d] scale, into dq_sum's rows (this team owns the head's).
+      if constexpr (WithQueryGradient)
+        tile_mma<Shape>(team, q_count, D, k_count, dp, L, 1, x.ks, D, &dq_sum(b, q_first, h, 0), int(dq_sum.stride(1)),
+                        true);
     }
     barrier();
 
