@@ -1,18 +1,21 @@
 #!/usr/bin/env python3
 """longattn's fused attention beside PyTorch's scaled_dot_product_attention, in one run.
 
-For each shape (B = 1, H = 8, fp32, CPU) it runs longattn's benchmark program
+For each shape (B = 1, H = 8, CPU; fp32, and with --dtypes bf16 too) it runs longattn's benchmark program
 (perf_tests/longattn_bench_attention) for that one shape, then SDPA on the same shape with the
 same number of threads, alternating, `--repeat` times, and keeps each side's best time: the
 development machines are shared VMs whose speed drifts by 10-20% within a minute, so
 alternating and taking the best compares like with like. Prints GFLOP/s (counted as in the
 benchmark: forward 4 B H N^2 D, forward + backward 3.5x that, halved when causal) and the ratio.
+In bf16 both sides take bfloat16 tensors (longattn: bfloat16 storage, float accumulation; SDPA:
+torch.bfloat16 tensors, whatever its CPU kernel does with them).
 
 torch is a tool of this script only (perf_tests/with_torch.sh installs it in a private
 virtual environment); nothing in the build or the tests uses it.
 
   compare_sdpa.py --bench build/release/perf_tests/longattn_bench_attention [--threads 2]
-                  [--tokens 1024 4096] [--head-dims 64 128] [--repeat 2] [--json out.json]
+                  [--tokens 1024 4096] [--head-dims 64 128] [--dtypes fp32 bf16] [--repeat 2]
+                  [--json out.json]
 """
 import argparse
 import json
@@ -23,23 +26,27 @@ import sys
 from timing import seconds_per_step
 
 
-def longattn_gflops(bench, mode, tokens, head_dim, causal, threads):
+BENCH_TYPES = {"fp32": "float", "bf16": "longattn::bfloat16"}
+
+
+def longattn_gflops(bench, mode, dtype, tokens, head_dim, causal, threads):
     name = {"forward": "BM_AttentionForward", "forward+backward": "BM_AttentionForwardBackward"}[mode]
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), OMP_PROC_BIND="false")
     out = subprocess.run(
-        [bench, f"--benchmark_filter=^{name}<float>/{tokens}/{head_dim}/{int(causal)}/",
+        [bench, f"--benchmark_filter=^{name}<{BENCH_TYPES[dtype]}>/{tokens}/{head_dim}/{int(causal)}/",
          "--benchmark_format=json", "--benchmark_min_time=0.5"],
         env=env, check=True, capture_output=True, text=True).stdout
     runs = json.loads(out)["benchmarks"]
     if not runs:
-        sys.exit(f"{bench} ran no benchmark for {name}/{tokens}/{head_dim}/{int(causal)}")
+        sys.exit(f"{bench} ran no benchmark for {name}<{BENCH_TYPES[dtype]}>/{tokens}/{head_dim}/{int(causal)}")
     return runs[0]["FLOP/s"] * 1e-9
 
 
-def sdpa_gflops(torch, mode, tokens, head_dim, causal, min_time=0.5):
+def sdpa_gflops(torch, mode, dtype, tokens, head_dim, causal, min_time=0.5):
     F = torch.nn.functional
     g = torch.Generator().manual_seed(2026)
-    q, k, v, d_o = (torch.rand(1, 8, tokens, head_dim, generator=g) * 2 - 1 for _ in range(4))
+    torch_type = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype]
+    q, k, v, d_o = ((torch.rand(1, 8, tokens, head_dim, generator=g) * 2 - 1).to(torch_type) for _ in range(4))
     flops = 4.0 * 8 * tokens * tokens * head_dim / (2 if causal else 1)
     if mode == "forward":
         def step():
@@ -61,6 +68,7 @@ def main():
     parser.add_argument("--tokens", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384])
     parser.add_argument("--head-dims", type=int, nargs="+", default=[64, 128])
     parser.add_argument("--modes", nargs="+", default=["forward", "forward+backward"])
+    parser.add_argument("--dtypes", nargs="+", default=["fp32"], choices=sorted(BENCH_TYPES))
     parser.add_argument("--repeat", type=int, default=2, help="alternations per shape; best of each side")
     parser.add_argument("--json", help="also write the table here")
     args = parser.parse_args()
@@ -69,20 +77,22 @@ def main():
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; longattn {args.bench}, "
           f"OMP_NUM_THREADS={args.threads}")
-    print(f"{'mode':<17} {'N':>6} {'D':>4} {'causal':>6} {'longattn GFLOP/s':>17} {'SDPA GFLOP/s':>13} {'ratio':>6}")
+    print(f"{'mode':<17} {'type':>5} {'N':>6} {'D':>4} {'causal':>6} {'longattn GFLOP/s':>17} {'SDPA GFLOP/s':>13} "
+          f"{'ratio':>6}")
     rows = []
-    for mode in args.modes:
+    for mode, dtype in ((m, t) for t in args.dtypes for m in args.modes):
         for head_dim in args.head_dims:
             for causal in (False, True):
                 for tokens in args.tokens:
                     ours = theirs = 0.0
                     for _ in range(args.repeat):
-                        ours = max(ours, longattn_gflops(args.bench, mode, tokens, head_dim, causal, args.threads))
-                        theirs = max(theirs, sdpa_gflops(torch, mode, tokens, head_dim, causal))
-                    rows.append(dict(mode=mode, tokens=tokens, head_dim=head_dim, causal=causal,
+                        ours = max(ours, longattn_gflops(args.bench, mode, dtype, tokens, head_dim, causal,
+                                                         args.threads))
+                        theirs = max(theirs, sdpa_gflops(torch, mode, dtype, tokens, head_dim, causal))
+                    rows.append(dict(mode=mode, dtype=dtype, tokens=tokens, head_dim=head_dim, causal=causal,
                                      longattn_gflops=ours, sdpa_gflops=theirs, ratio=ours / theirs))
-                    print(f"{mode:<17} {tokens:>6} {head_dim:>4} {str(causal):>6} {ours:>17.1f} {theirs:>13.1f} "
-                          f"{ours / theirs:>6.2f}", flush=True)
+                    print(f"{mode:<17} {dtype:>5} {tokens:>6} {head_dim:>4} {str(causal):>6} {ours:>17.1f} "
+                          f"{theirs:>13.1f} {ours / theirs:>6.2f}", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(torch=torch.__version__, threads=args.threads, rows=rows), f, indent=1)
