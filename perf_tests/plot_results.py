@@ -51,6 +51,7 @@ def parse(runs, pattern):
     return out
 
 
+MODES = {"Forward": "forward", "ForwardBackward": "forward+backward"}  # benchmark name -> mode
 # One color per library and type; causal runs dashed.
 COLORS = {"longattn fp32": "tab:red", "longattn bf16": "tab:orange", "SDPA fp32": "tab:blue", "SDPA bf16": "tab:cyan"}
 
@@ -59,8 +60,7 @@ def plot_attention(plt, runs, peak, sdpa_rows, out_dir):
     types = {"float": "fp32", "longattn::bfloat16": "bf16"}
     points = defaultdict(list)  # (mode, D, causal, label) -> [(N, GFLOP/s)]
     for kind, dtype, n, d, causal, b in parse(runs, r"BM_Attention(Forward|ForwardBackward)<([\w:]+)>/(\d+)/(\d+)/(\d)/"):
-        mode = "forward" if kind == "Forward" else "forward+backward"
-        points[(mode, int(d), causal == "1", f"longattn {types.get(dtype, dtype)}")].append((int(n), b["FLOP/s"] * 1e-9))
+        points[(MODES[kind], int(d), causal == "1", f"longattn {types.get(dtype, dtype)}")].append((int(n), b["FLOP/s"] * 1e-9))
     for row in sdpa_rows:
         label = f"SDPA {row.get('dtype', 'fp32')}"
         points[(row["mode"], row["head_dim"], row["causal"], label)].append((row["tokens"], row["sdpa_gflops"]))
@@ -93,31 +93,36 @@ def plot_attention(plt, runs, peak, sdpa_rows, out_dir):
     return path
 
 
+def save_seconds_plot(fig, ax, title, xlabel, path):
+    """Labels a plot of seconds (log scale) and writes it; returns the path."""
+    ax.set_yscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("seconds")
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return path
+
+
 def plot_dilated(plt, runs, out_dir):
     series = defaultdict(list)
     for kind, n, mode, b in parse(runs, r"BM_Dilated(Forward|ForwardBackward)/(\d+)/(\d)/0/"):
-        label = f"dilated {'longnet' if mode == '0' else 'head_groups'}, {kind.lower().replace('forwardbackward', 'forward+backward')}"
+        label = f"dilated {'longnet' if mode == '0' else 'head_groups'}, {MODES[kind]}"
         series[label].append((int(n), seconds(b)))
     if not series:
         return None
     for kind, n, b in parse(runs, r"BM_Attention(Forward|ForwardBackward)<float>/(\d+)/64/0/"):
-        series[f"dense, {kind.lower().replace('forwardbackward', 'forward+backward')}"].append((int(n), seconds(b)))
+        series[f"dense, {MODES[kind]}"].append((int(n), seconds(b)))
     fig, ax = plt.subplots(figsize=(8, 5.5))
     for label, values in sorted(series.items()):
         values.sort()
         ax.plot([n for n, _ in values], [s for _, s in values], marker="o",
                 linestyle="--" if label.startswith("dense") else "-", label=label)
     ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("N (tokens)")
-    ax.set_ylabel("seconds")
-    ax.set_title("Dilated (w = 2048, 4096, 8192; r = 1, 2, 4) vs dense attention, B = 1, H = 8, D = 64")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = os.path.join(out_dir, "dilated_time.png")
-    fig.savefig(path, dpi=110)
-    return path
+    return save_seconds_plot(fig, ax, "Dilated (w = 2048, 4096, 8192; r = 1, 2, 4) vs dense attention, B = 1, H = 8, "
+                             "D = 64", "N (tokens)", os.path.join(out_dir, "dilated_time.png"))
 
 
 def plot_block_sparse(plt, runs, out_dir):
@@ -129,22 +134,14 @@ def plot_block_sparse(plt, runs, out_dir):
     fig, ax = plt.subplots(figsize=(8, 5.5))
     for (kind, n), values in sorted(series.items()):
         values.sort()
-        name = "forward" if kind == "Forward" else "forward+backward"
-        line, = ax.plot([d for d, _ in values], [s for _, s in values], marker="o", label=f"N = {n}, {name}")
-        dense = next((b for name, b in runs.items() if name.startswith(f"BM_Attention{kind}<float>/{n}/64/0/")), None)
+        line, = ax.plot([d for d, _ in values], [s for _, s in values], marker="o", label=f"N = {n}, {MODES[kind]}")
+        dense = next((b for bench, b in runs.items() if bench.startswith(f"BM_Attention{kind}<float>/{n}/64/0/")), None)
         if dense:
             ax.axhline(seconds(dense), color=line.get_color(), linestyle=":", linewidth=1,
-                       label=f"dense N = {n}, {name}")
-    ax.set_xlabel("kept key blocks (% of all, random pattern)")
-    ax.set_ylabel("seconds")
-    ax.set_yscale("log")
-    ax.set_title("Block-sparse attention, B = 1, H = 8, D = 64")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = os.path.join(out_dir, "block_sparse_time.png")
-    fig.savefig(path, dpi=110)
-    return path
+                       label=f"dense N = {n}, {MODES[kind]}")
+    return save_seconds_plot(fig, ax, "Block-sparse attention, B = 1, H = 8, D = 64",
+                             "kept key blocks (% of all, random pattern)",
+                             os.path.join(out_dir, "block_sparse_time.png"))
 
 
 def main():
