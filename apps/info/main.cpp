@@ -78,11 +78,14 @@ Ceilings measure(const Options& options) {
   return c;
 }
 
-// What gemm of bfloat16 matrices runs on in this process.
-std::string bf16_gemm_text() {
-  if (longattn::bf16_dot_products_in_use()) return "the CPU's bf16 dot products (AVX512-BF16)";
-  if (longattn::bf16_dot_products_available()) return "float copies and sgemm (bf16 dot products off: LONGATTN_BF16_DOT_PRODUCTS=0)";
-  return "float copies and sgemm (no bf16 dot products on this CPU or build)";
+// What products of bfloat16 matrices (gemm, attention) run on in this process.
+std::string bf16_products_text() {
+  if (!longattn::bf16_dot_products_available()) return "float copies and sgemm (no bf16 dot products on this CPU or build)";
+  char speed[128];
+  std::snprintf(speed, sizeof speed, "AVX512-BF16 dot products: %.2fx the FMA's products per second",
+                longattn::bf16_dot_product_speedup());
+  if (longattn::bf16_dot_products_in_use()) return std::string("the CPU's bf16 dot products (") + speed + ")";
+  return std::string("float copies and sgemm (") + speed + "; LONGATTN_BF16_DOT_PRODUCTS=1 uses them)";
 }
 
 void print_report(std::ostream& out, const Report& report, const Options& options) {
@@ -101,7 +104,7 @@ void print_report(std::ostream& out, const Report& report, const Options& option
   out << "  BLAS              " << blas.library << "\n";
   out << "  BLAS kernels      " << (blas.kernels.empty() ? "unknown" : blas.kernels) << ": "
       << blas.selection << "\n";
-  out << "  bf16 gemm         " << bf16_gemm_text() << "\n";
+  out << "  bf16 products     " << bf16_products_text() << "\n";
   out << "  communication     " << join(report.communication, "; ") << "\n";
   out << "  hwloc             " << (build.hwloc ? "yes" : "no") << "\n\n";
 
@@ -156,7 +159,7 @@ nlohmann::json to_json(const Report& report, const Options& options) {
                 {"kokkos_kernels", build.kokkos_kernels_version},
                 {"execution_spaces", build.execution_spaces}, {"architecture", build.architecture},
                 {"blas", blas.library}, {"blas_kernels", blas.kernels}, {"blas_selection", blas.selection},
-                {"communication", report.communication}, {"bf16_gemm", bf16_gemm_text()}};
+                {"communication", report.communication}, {"bf16_products", bf16_products_text()}};
   j["machine"] = {{"source", machine.source}, {"cpu", machine.cpu_model}, {"packages", machine.packages},
                   {"numa_nodes", machine.numa_nodes}, {"numa_memory_bytes", machine.numa_memory_bytes},
                   {"cores", machine.cores}, {"hardware_threads", machine.hardware_threads}};

@@ -1,11 +1,15 @@
-// The packing and micro-kernel of gemm on bf16 dot products (include/longattn/core/detail/bf16_gemm.hpp
-// has the shape). Functions that use AVX-512 carry a target attribute, so this file needs no
-// -mavx512 flags and the rest of the library runs on any x86-64; they are only called after the
-// CPU check.
+// The kernels on bf16 dot products: gemm's packing and micro-kernel
+// (include/longattn/core/detail/bf16_gemm.hpp has the shape) and the attention kernels' block
+// products (detail/bf16_pair_product.hpp). Functions that use AVX-512 carry a target attribute,
+// so this file needs no -mavx512 flags and the rest of the library runs on any x86-64; they are
+// only called after the CPU check.
 #include "longattn/core/detail/bf16_gemm.hpp"
-#include "longattn/core/gemm.hpp"
+#include "longattn/core/detail/bf16_pair_product.hpp"
+#include "longattn/core/bf16_dot_products.hpp"
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -31,16 +35,64 @@ bool cpu_has_avx512_bf16() {
 #endif
 }
 
-bool wanted_by_environment() {
+#ifdef LONGATTN_BF16_KERNELS
+#define LONGATTN_ON_16_REGISTERS(op) \
+  op("0") op("1") op("2") op("3") op("4") op("5") op("6") op("7") op("8") op("9") op("10") op("11") op("12") op("13") op("14") op("15")
+#define LONGATTN_ZERO(r) "vpxord %%zmm" r ", %%zmm" r ", %%zmm" r "\n"
+#define LONGATTN_DOT(r) "vdpbf16ps %%zmm16, %%zmm17, %%zmm" r "\n"
+#define LONGATTN_FMA(r) "vfmadd231ps %%zmm16, %%zmm17, %%zmm" r "\n"
+#define LONGATTN_CLOBBERS                                                                                       \
+  "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11", "xmm12", "xmm13", \
+      "xmm14", "xmm15", "xmm16", "xmm17"
+
+// Seconds for 16 independent chains of 4096 instructions (bf16 dot products or float FMAs) on
+// zeroed registers, the best of `attempts`.
+LONGATTN_AVX512_BF16 double best_seconds(bool dot_products, int attempts) {
+  double best = 1e30;
+  for (int attempt = 0; attempt < attempts; ++attempt) {
+    const auto start = std::chrono::steady_clock::now();
+    asm volatile(LONGATTN_ON_16_REGISTERS(LONGATTN_ZERO) LONGATTN_ZERO("16") LONGATTN_ZERO("17")::: LONGATTN_CLOBBERS);
+    for (int round = 0; round < 4096; ++round) {
+      if (dot_products)
+        asm volatile(LONGATTN_ON_16_REGISTERS(LONGATTN_DOT)::: LONGATTN_CLOBBERS);
+      else
+        asm volatile(LONGATTN_ON_16_REGISTERS(LONGATTN_FMA)::: LONGATTN_CLOBBERS);
+    }
+    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  return best;
+}
+#endif
+
+// Products per second of bf16 dot products over float FMAs on this core (bf16_dot_products.hpp),
+// the best of three alternations.
+double measure_speedup() {
+#ifdef LONGATTN_BF16_KERNELS
+  if (!bf16_dot_products_available()) return 0;
+  double fma = 1e30, dot = 1e30;
+  for (int alternation = 0; alternation < 3; ++alternation) {
+    fma = std::min(fma, best_seconds(false, 1));
+    dot = std::min(dot, best_seconds(true, 1));
+  }
+  return 2 * fma / dot;
+#else
+  return 0;
+#endif
+}
+
+// LONGATTN_BF16_DOT_PRODUCTS: unset or "auto": used where they are faster; "1": used wherever
+// the CPU has them; "0": not used.
+bool wanted() {
   const char* value = std::getenv("LONGATTN_BF16_DOT_PRODUCTS");
-  if (!value) return true;
-  const std::string v(value);
-  require(v == "0" || v == "1", "longattn::gemm", "LONGATTN_BF16_DOT_PRODUCTS", v, "0 (off) or 1 (on, the default)");
+  const std::string v = value ? value : "auto";
+  require(v == "0" || v == "1" || v == "auto", "longattn (bf16 dot products)", "LONGATTN_BF16_DOT_PRODUCTS", v,
+          "0 (off), 1 (on where the CPU has them) or auto (on where faster than float FMAs, the default)");
+  if (v == "auto") return bf16_dot_product_speedup() >= bf16_dot_products_minimum_speedup;
   return v == "1";
 }
 
 std::atomic<bool>& in_use() {
-  static std::atomic<bool> flag(bf16_dot_products_available() && wanted_by_environment());
+  static std::atomic<bool> flag(bf16_dot_products_available() && wanted());
   return flag;
 }
 
@@ -49,6 +101,11 @@ std::atomic<bool>& in_use() {
 bool bf16_dot_products_available() {
   static const bool available = cpu_has_avx512_bf16();
   return available;
+}
+
+double bf16_dot_product_speedup() {
+  static const double speedup = measure_speedup();
+  return speedup;
 }
 
 bool bf16_dot_products_in_use() { return in_use().load(std::memory_order_relaxed); }
@@ -213,6 +270,67 @@ LONGATTN_AVX512_BF16 void bf16_gemm_block(const bfloat16* packed_a, const bfloat
       store_elements(acc, rows, cols, c, offset);
   }
 }
+
+namespace {
+
+// One micro-tile of an attention block product: R rows x 64 columns from (row, col), the
+// columns past x.cols masked off.
+template <int R>
+LONGATTN_AVX512_BF16 inline void pair_micro_tile(const Bf16PairProduct& x, int row, int col) {
+  constexpr int packs = bf16_pair_tile_cols / lanes;
+  __mmask16 mask[packs];
+  for (int v = 0; v < packs; ++v) {
+    const int n = std::clamp(x.cols - col - v * lanes, 0, lanes);
+    mask[v] = __mmask16((1u << n) - 1);
+  }
+  __m512 acc[R][packs];
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < packs; ++v) acc[r][v] = _mm512_setzero_ps();
+  const std::uint32_t* a = x.a + std::ptrdiff_t(row) * x.a_row_stride;
+  const std::uint32_t* b = x.b + col;
+  for (int p = 0; p < x.pairs; ++p) {
+    __m512bh b_p[packs];
+    for (int v = 0; v < packs; ++v)
+      b_p[v] = (__m512bh)_mm512_maskz_loadu_epi32(mask[v], b + std::ptrdiff_t(p) * x.ldb + v * lanes);
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      const __m512bh a_rp = (__m512bh)_mm512_set1_epi32(int(a[std::ptrdiff_t(r) * x.a_row_stride + std::ptrdiff_t(p) * x.a_pair_stride]));
+      for (int v = 0; v < packs; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], a_rp, b_p[v]);
+    }
+  }
+  const __m512 alpha = _mm512_set1_ps(x.alpha);
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < packs; ++v) {
+      float* c = x.c + std::ptrdiff_t(row + r) * x.ldc + col + v * lanes;
+      const __m512 before = x.accumulate ? _mm512_maskz_loadu_ps(mask[v], c) : _mm512_setzero_ps();
+      _mm512_mask_storeu_ps(c, mask[v], _mm512_fmadd_ps(alpha, acc[r][v], before));
+    }
+}
+
+}  // namespace
+
+LONGATTN_AVX512_BF16 void bf16_pair_product(const Bf16PairProduct& x, int first_row, int end_row) {
+  constexpr int R = bf16_pair_tile_rows;
+  const int row_tiles = (end_row - first_row + R - 1) / R;
+  // This call's share of the prefetched rows, a part after each row of micro-tiles.
+  const int prefetch_first = x.rows > 0 ? int(std::int64_t(first_row) * x.prefetch_rows / x.rows) : 0;
+  const int prefetch_end = x.rows > 0 ? int(std::int64_t(end_row) * x.prefetch_rows / x.rows) : 0;
+  for (int t = 0; t < row_tiles; ++t) {
+    const int row = first_row + t * R;
+    for (int col = 0; col < x.cols; col += bf16_pair_tile_cols)
+      if (row + R <= end_row)
+        pair_micro_tile<R>(x, row, col);
+      else
+        for (int r = row; r < end_row; ++r) pair_micro_tile<1>(x, r, col);
+    const int begin = prefetch_first + t * (prefetch_end - prefetch_first) / row_tiles;
+    const int end = prefetch_first + (t + 1) * (prefetch_end - prefetch_first) / row_tiles;
+    for (int j = begin; j < end; ++j)
+      for (int byte = 0; byte < x.prefetch_row_bytes; byte += 64)
+        _mm_prefetch(x.prefetch + std::ptrdiff_t(j) * x.prefetch_stride + byte, _MM_HINT_T0);
+  }
+}
+
 #if !defined(__clang__)
 #pragma GCC diagnostic pop
 #endif
@@ -221,6 +339,10 @@ LONGATTN_AVX512_BF16 void bf16_gemm_block(const bfloat16* packed_a, const bfloat
 
 void bf16_gemm_block(const bfloat16*, const bfloat16*, int, int, int, int, const Bf16GemmOutput&) {
   throw Error("longattn::gemm: bf16 dot products are not available in this build");
+}
+
+void bf16_pair_product(const Bf16PairProduct&, int, int) {
+  throw Error("longattn attention: bf16 dot products are not available in this build");
 }
 
 #endif

@@ -11,6 +11,7 @@
 #include <sstream>
 #include <string>
 
+#include "bf16_dot_products.hpp"
 #include "execution_spaces.hpp"
 #include "longattn/core/attention.hpp"
 #include "longattn/core/convert.hpp"
@@ -134,7 +135,9 @@ TEMPLATE_LIST_TEST_CASE("attention forward and backward match the double referen
 }
 
 // The GPU's shape of the kernels (the forward pass and both backward passes) on the host, teams of
-// 2 and 4 threads: every shape, both causal settings, each storage type.
+// 2 and 4 threads: every shape, both causal settings, each storage type (bfloat16 on the CPU's
+// bf16 dot products where it has them, their products shared out by the team's threads; its
+// float path is float's team code).
 TEMPLATE_LIST_TEST_CASE("attention in the GPU's tile shape with several threads per team matches the reference",
                         "[core][attention][team_tiles]", longattn::test::TeamTileConfigs) {
   if (!longattn::test::openmp_runs_team_of<TestType>()) return;
@@ -145,6 +148,7 @@ TEMPLATE_LIST_TEST_CASE("attention in the GPU's tile shape with several threads 
       for (auto passes : {longattn::BackwardPasses::two, longattn::BackwardPasses::one}) {
         check_forward_and_backward<Kokkos::OpenMP, float, TestType>(s, causal, rng, passes);
         check_forward_and_backward<Kokkos::OpenMP, double, TestType>(s, causal, rng, passes);
+        const longattn::test::Bf16DotProducts use(true);  // where available ([half] says SKIP otherwise)
         check_forward_and_backward<Kokkos::OpenMP, longattn::bfloat16, TestType>(s, causal, rng, passes);
       }
 #endif
@@ -159,16 +163,26 @@ TEST_CASE("a team larger than the execution space can run is a longattn::Error",
 }
 
 // The 16-bit types: inputs rounded to them (the reference sees the rounded values), float
-// accumulation, outputs rounded once; lse in float.
+// accumulation, outputs rounded once; lse in float. bfloat16 on a host space runs twice: on float
+// values, and on the CPU's bf16 dot products (probabilities and dS rounded to bf16) where it has them.
 TEMPLATE_LIST_TEST_CASE("bfloat16 and float16 attention match the double reference within their rounding",
                         "[core][attention][half]", longattn::test::ExecutionSpaces) {
   std::mt19937_64 rng(longattn::test::test_seed());
-  for (const Shape& s : shapes)
-    for (bool causal : {false, true})
-      for (auto passes : {longattn::BackwardPasses::two, longattn::BackwardPasses::one}) {
-        check_forward_and_backward<TestType, longattn::bfloat16>(s, causal, rng, passes);
-        check_forward_and_backward<TestType, longattn::float16>(s, causal, rng, passes);
-      }
+  const bool host = std::is_same_v<typename TestType::memory_space, Kokkos::HostSpace>;
+  for (bool dot_products : {false, true}) {
+    if (dot_products && !(host && longattn::bf16_dot_products_available())) {
+      WARN("SKIP: bfloat16 attention on bf16 dot products needs a host space on a CPU with AVX512-BF16");
+      continue;
+    }
+    const longattn::test::Bf16DotProducts use(dot_products);
+    for (const Shape& s : shapes)
+      for (bool causal : {false, true})
+        for (auto passes : {longattn::BackwardPasses::two, longattn::BackwardPasses::one}) {
+          INFO("bf16 dot products " << (dot_products ? "on" : "off"));
+          check_forward_and_backward<TestType, longattn::bfloat16>(s, causal, rng, passes);
+          if (!dot_products) check_forward_and_backward<TestType, longattn::float16>(s, causal, rng, passes);
+        }
+  }
 }
 
 TEMPLATE_LIST_TEST_CASE("output_scale scales o and its gradients; accumulate_gradients adds to them",

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <vector>
 
+#include "bf16_dot_products.hpp"
 #include "execution_spaces.hpp"
 #include "longattn/core/attention.hpp"  // detail::scalar_name
 #include "longattn/core/gemm.hpp"
@@ -81,23 +82,11 @@ void check_gemm_16bit(const char* trans_a, const char* trans_b, int m, int n, in
   CHECK(worst <= u * largest + 8 * 6e-8 * k);
 }
 
-// Turns gemm's use of bf16 dot products on or off while it lives.
-class Bf16DotProducts {
- public:
-  explicit Bf16DotProducts(bool on) : before_(longattn::bf16_dot_products_in_use()) { longattn::use_bf16_dot_products(on); }
-  ~Bf16DotProducts() { longattn::use_bf16_dot_products(before_); }
-  Bf16DotProducts(const Bf16DotProducts&) = delete;
-  Bf16DotProducts& operator=(const Bf16DotProducts&) = delete;
-
- private:
-  bool before_;
-};
-
 }  // namespace
 
 TEMPLATE_LIST_TEST_CASE("gemm in 16-bit storage sums in float and rounds once", "[core][gemm][half]",
                         longattn::test::ExecutionSpaces) {
-  const Bf16DotProducts off(false);  // the portable path (float copies), on every CPU
+  const longattn::test::Bf16DotProducts off(false);  // the portable path (float copies), on every CPU
   std::mt19937_64 rng(longattn::test::test_seed());
   for (const char* ta : {"N", "T"})
     for (const char* tb : {"N", "T"}) {
@@ -125,6 +114,19 @@ TEMPLATE_LIST_TEST_CASE("gemm in 16-bit storage sums in float and rounds once", 
   }
 }
 
+TEST_CASE("the bf16 dot products' speed is measured once, where the CPU has them", "[core][gemm][half]") {
+  const double speedup = longattn::bf16_dot_product_speedup();
+  if (!longattn::bf16_dot_products_available()) {
+    CHECK(speedup == 0);
+    WARN("SKIP: no bf16 dot products on this CPU or build to time");
+    return;
+  }
+  INFO("products per second over the FMA's: " << speedup);
+  CHECK(speedup > 0.1);  // 0.5 (Intel Emerald Rapids) to 2 (the instruction does two products per lane)
+  CHECK(speedup < 8);
+  CHECK(longattn::bf16_dot_product_speedup() == speedup);
+}
+
 TEMPLATE_LIST_TEST_CASE("gemm of bfloat16 on the CPU's bf16 dot products matches the reference",
                         "[core][gemm][half]", longattn::test::ExecutionSpaces) {
   if (!longattn::bf16_dot_products_available() ||
@@ -132,7 +134,7 @@ TEMPLATE_LIST_TEST_CASE("gemm of bfloat16 on the CPU's bf16 dot products matches
     WARN("SKIP: bf16 dot products need a host space on a CPU with AVX512-BF16 (this build or CPU has none)");
     return;
   }
-  const Bf16DotProducts on(true);
+  const longattn::test::Bf16DotProducts on(true);
   REQUIRE(longattn::bf16_dot_products_in_use());
   std::mt19937_64 rng(longattn::test::test_seed());
   using longattn::bfloat16;

@@ -33,6 +33,7 @@
 #include <utility>
 
 #include "longattn/core/attention_tiles.hpp"
+#include "longattn/core/bf16_dot_products.hpp"
 #include "longattn/core/dense_blocks.hpp"
 #include "longattn/core/finite.hpp"
 #include "longattn/core/half.hpp"
@@ -364,6 +365,13 @@ void check_blocks(const char* where, const Blocks& blocks, const AttentionGeomet
                   "longattn attention: the block pattern's memory space is not accessible from the execution space");
 }
 
+// Whether a kernel takes the bf16 path (attention_kernels.hpp): compiled for its types, and the
+// CPU's bf16 dot products in use (gemm.hpp: LONGATTN_BF16_DOT_PRODUCTS, use_bf16_dot_products).
+template <class Kernel>
+bool bf16_products(const Kernel&) {
+  return Kernel::bf16_compiled && bf16_dot_products_in_use();
+}
+
 // Runs a team kernel in teams of its tile configuration's size, with its scratch in level 0
 // (fast: shared memory on a GPU) where it fits, else level 1. A team larger than the space
 // can run (on a host space: more threads than it has) is an error, not Kokkos' abort.
@@ -427,10 +435,10 @@ void AttentionKernels<ExecSpace, S, Pattern, Tiles>::forward(const ExecSpace& ex
                                                              const AttentionGeometry& geo, const Pattern& pattern,
                                                              const AttentionOptions& opts) {
   const double scale = softmax_scale(opts, geo.head_dim);
-  run_team_kernel(
-      "longattn::attention_forward", exec,
-      ForwardKernel<ExecSpace, S, Pattern, Tiles>{q, k, v, o, lse, geo, pattern, T(scale * log2_e<double>()),
-                                                  T(opts.output_scale), opts.accumulate_output, 0});
+  ForwardKernel<ExecSpace, S, Pattern, Tiles> kernel{
+      q, k, v, o, lse, geo, pattern, T(scale * log2_e<double>()), T(opts.output_scale), opts.accumulate_output, 0};
+  kernel.bf16_products = bf16_products(kernel);
+  run_team_kernel("longattn::attention_forward", exec, kernel);
 }
 
 template <class ExecSpace, class S, class Pattern, class Tiles>
@@ -461,15 +469,16 @@ void AttentionKernels<ExecSpace, S, Pattern, Tiles>::backward(const Context& con
                            exec, 0, std::int64_t(geo.batch) * geo.heads * geo.queries),
                        DeltaKernel<ExecSpace, S>{o, d_o, delta.view(), geo.heads, geo.queries, geo.head_dim});
   if (!one_pass(exec, geo, opts.backward_passes)) {
-    run_team_kernel("longattn::attention_backward::dk_dv", exec,
-                    KeyGradientKernel<ExecSpace, S, Pattern, Tiles>{q, k, v, d_o, lse, delta.view(), dk, dv, geo,
-                                                                    pattern, scale_log2, T(opts.output_scale),
-                                                                    opts.accumulate_gradients, 0});
-    run_team_kernel("longattn::attention_backward::dq", exec,
-                    QueryGradientKernel<ExecSpace, S, Pattern, Tiles>{q, k, v, d_o, lse, delta.view(), dq, geo,
-                                                                      pattern, T(scale), scale_log2,
-                                                                      T(opts.output_scale), opts.accumulate_gradients,
-                                                                      0});
+    KeyGradientKernel<ExecSpace, S, Pattern, Tiles> key_gradient{
+        q, k, v, d_o, lse, delta.view(), dk, dv, geo, pattern, scale_log2, T(opts.output_scale),
+        opts.accumulate_gradients, 0};
+    key_gradient.bf16_products = bf16_products(key_gradient);
+    run_team_kernel("longattn::attention_backward::dk_dv", exec, key_gradient);
+    QueryGradientKernel<ExecSpace, S, Pattern, Tiles> query_gradient{
+        q, k, v, d_o, lse, delta.view(), dq, geo, pattern, T(scale), scale_log2, T(opts.output_scale),
+        opts.accumulate_gradients, 0};
+    query_gradient.bf16_products = bf16_products(query_gradient);
+    run_team_kernel("longattn::attention_backward::dq", exec, query_gradient);
     return;
   }
   // One pass: dQ is summed in place where dq holds T with the head dim contiguous, else in a
@@ -498,6 +507,7 @@ void AttentionKernels<ExecSpace, S, Pattern, Tiles>::backward(const Context& con
       0};
   kernel.dq_sum = dq_sum;
   kernel.scale = T(scale);
+  kernel.bf16_products = bf16_products(kernel);
   run_team_kernel("longattn::attention_backward::dq_dk_dv", exec, kernel);
   if (workspace.data() != nullptr) {
     const bool accumulate = opts.accumulate_gradients;

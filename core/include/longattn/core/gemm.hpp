@@ -22,6 +22,7 @@
 #include <type_traits>
 
 #include "longattn/checks.hpp"
+#include "longattn/core/bf16_dot_products.hpp"
 #include "longattn/core/convert.hpp"
 #include "longattn/core/detail/bf16_gemm.hpp"
 #include "longattn/core/execution_context.hpp"
@@ -104,14 +105,6 @@ memory::PooledView<FloatMatrix<ExecSpace>> widened(const ExecutionContext<ExecSp
   return wide;
 }
 }  // namespace detail
-
-// Whether this CPU has bf16 dot products that gemm can use (x86-64 with AVX512-BF16).
-bool bf16_dot_products_available();
-// Whether gemm uses them now: available, and not turned off by use_bf16_dot_products(false) or by
-// LONGATTN_BF16_DOT_PRODUCTS=0 in the environment (read at the first call; "1" or unset: on).
-bool bf16_dot_products_in_use();
-// Turns their use on (where available) or off for the process, e.g. to compare both paths.
-void use_bf16_dot_products(bool on);
 
 // C = alpha op(A) op(B) + beta C in `ctx`: gemm(ctx.exec(), ...) for float and double; for 16-bit
 // A and B (C of their type or float) on the CPU's bf16 dot products or on float

@@ -26,6 +26,8 @@
 #include <Kokkos_Core.hpp>
 
 #include <cstdint>
+#include <cstring>
+#include <type_traits>
 
 #if defined(__SANITIZE_THREAD__)
 #define LONGATTN_TSAN 1
@@ -42,6 +44,7 @@
 #include "longattn/core/attention_tiles.hpp"
 #include "longattn/core/dense_blocks.hpp"
 #include "longattn/core/half.hpp"
+#include "longattn/core/detail/bf16_pair_product.hpp"
 #include "longattn/core/detail/tile_mma.hpp"
 #include "longattn/kokkos_compat.hpp"
 
@@ -200,9 +203,155 @@ KOKKOS_INLINE_FUNCTION void prefetch_rows(const Tensor& x, int b, int h, int fir
 }
 
 // ---------------------------------------------------------------------------------------------
+// The bf16 path: bfloat16 tensors on a host space where the CPU's bf16 dot products are in use
+// (bf16_dot_products.hpp) run the block products on them (bf16_pair_product.hpp), with float
+// accumulators; masks, softmax and the running statistics stay in float as in the float path.
+// A product's operands are words of two bf16, pairs along its depth:
+//   rows          [count][D2 / 2] words (x[j][2q], x[j][2q+1]): the tensor's rows as they are;
+//                 D2 = D rounded up to even, the padding 0
+//   row pairs     [ceil(count / 2)][D] words (x[2p][d], x[2p+1][d]): pairs along the tokens,
+//                 a missing odd row 0
+//   column pairs  [D2 / 2][L] words (x[i][2q], x[i][2q+1]): pairs along d, tokens along the
+//                 lanes, lanes from count on 0
+// Probabilities and dS are rounded to bf16 for the products that take them, as FlashAttention
+// does on GPUs; the softmax sums take the float values. The softmax scale multiplies S after its
+// product (the alpha of the product), so that Q enters the product exactly.
+template <class ExecSpace, class S>
+inline constexpr bool bf16_products_compiled =
+#ifdef LONGATTN_VECTOR_EXTENSIONS
+    std::is_same_v<S, bfloat16> && Kokkos::SpaceAccessibility<ExecSpace, Kokkos::HostSpace>::accessible;
+#else
+    false;
+#endif
+
+// The bits of a bfloat16 (the bf16 path's kernels compile for every storage type; they run for
+// bfloat16 only).
+template <class S>
+KOKKOS_INLINE_FUNCTION std::uint16_t bf16_bits_of(const S& x) {
+  if constexpr (std::is_same_v<S, bfloat16>)
+    return x.bits;
+  else
+    return bfloat16_bits(float(x));
+}
+KOKKOS_INLINE_FUNCTION std::uint32_t bf16_pair(std::uint16_t even, std::uint16_t odd) {
+  return std::uint32_t(even) | std::uint32_t(odd) << 16;
+}
+KOKKOS_INLINE_FUNCTION int bf16_padded(int head_dim) { return head_dim + head_dim % 2; }
+// A float scratch array as the bf16 products' output (they run for float accumulators only).
+template <class T>
+KOKKOS_INLINE_FUNCTION float* bf16_output(T* c) {
+  if constexpr (std::is_same_v<T, float>) {
+    return c;
+  } else {
+    (void)c;
+    return nullptr;
+  }
+}
+
+// Rows [first, first + count) of a tensor's (b, h) slice as bf16 rows, D2 / 2 words each.
+template <class Member, class Tensor>
+KOKKOS_INLINE_FUNCTION void load_bf16_rows(const Member& team, const Tensor& x, int b, int h, int first, int count,
+                                           int head_dim, std::uint32_t* out) {
+  using S = typename Tensor::value_type;
+  const int words = bf16_padded(head_dim) / 2;
+  Kokkos::parallel_for(Kokkos::TeamThreadRange(team, count), [&](int j) {
+    std::uint32_t* row = out + j * words;
+    if (std::is_same_v<S, bfloat16> && x.stride(3) == 1) {
+      std::memcpy(row, &x(b, first + j, h, 0), head_dim * sizeof(S));
+      if (head_dim % 2 == 1) row[words - 1] &= 0xffffu;
+    } else {
+      for (int q = 0; q < words; ++q)
+        row[q] = bf16_pair(bf16_bits_of(x(b, first + j, h, 2 * q)),
+                           2 * q + 1 < head_dim ? bf16_bits_of(x(b, first + j, h, 2 * q + 1)) : 0);
+    }
+  });
+}
+
+// The same rows as row pairs. With the head dim contiguous, two rows are zipped a vector at a time.
+template <class Member, class Tensor>
+KOKKOS_INLINE_FUNCTION void load_bf16_row_pairs(const Member& team, const Tensor& x, int b, int h, int first,
+                                                int count, int head_dim, std::uint32_t* out) {
+  Kokkos::parallel_for(Kokkos::TeamThreadRange(team, (count + 1) / 2), [&](int p) {
+    const int even = first + 2 * p;
+    const bool odd = 2 * p + 1 < count;
+    std::uint32_t* row = out + p * head_dim;
+    if (x.stride(3) == 1) {
+      const auto* e = &x(b, even, h, 0);
+      const auto* o = odd ? &x(b, even + 1, h, 0) : e;
+      for (int d = 0; d < head_dim; ++d) row[d] = bf16_pair(bf16_bits_of(e[d]), odd ? bf16_bits_of(o[d]) : 0);
+    } else {
+      for (int d = 0; d < head_dim; ++d)
+        row[d] = bf16_pair(bf16_bits_of(x(b, even, h, d)), odd ? bf16_bits_of(x(b, even + 1, h, d)) : 0);
+    }
+  });
+}
+
+// The same rows as column pairs, tokens along L lanes.
+template <int L, class Member, class Tensor>
+KOKKOS_INLINE_FUNCTION void load_bf16_column_pairs(const Member& team, const Tensor& x, int b, int h, int first,
+                                                   int count, int head_dim, std::uint32_t* out) {
+  Kokkos::parallel_for(Kokkos::TeamThreadRange(team, (head_dim + 1) / 2), [&](int q) {
+    const bool odd = 2 * q + 1 < head_dim;
+    for (int i = 0; i < L; ++i)
+      out[q * L + i] = i < count ? bf16_pair(bf16_bits_of(x(b, first + i, h, 2 * q)),
+                                             odd ? bf16_bits_of(x(b, first + i, h, 2 * q + 1)) : 0)
+                                 : 0;
+  });
+}
+
+// Float scratch rows [0, count) of `cols` values (a multiple of W), row stride ld, as row pairs
+// (ld words apart) rounded to bf16.
+template <class P, class Member, class T>
+KOKKOS_INLINE_FUNCTION void store_bf16_row_pairs(const Member& team, const T* rows, int count, int cols, int ld,
+                                                 std::uint32_t* out) {
+  constexpr int W = P::width;
+  Kokkos::parallel_for(Kokkos::TeamThreadRange(team, (count + 1) / 2 * (cols / W)), [&](int item) {
+    const int p = item / (cols / W), c = item % (cols / W) * W;
+    const P odd = 2 * p + 1 < count ? P::load(rows + (2 * p + 1) * ld + c) : P::broadcast(T(0));
+    store_bf16_pairs(P::load(rows + 2 * p * ld + c), odd, out + p * ld + c);
+  });
+}
+
+// The same rows as bf16 rows (pairs along the columns), cols / 2 words each, ld / 2 apart.
+template <class Member, class T>
+KOKKOS_INLINE_FUNCTION void store_bf16_rows(const Member& team, const T* rows, int count, int cols, int ld,
+                                            std::uint32_t* out) {
+  Kokkos::parallel_for(Kokkos::TeamThreadRange(team, count), [&](int i) {
+    for (int c = 0; c < cols; c += 2)
+      out[i * (ld / 2) + c / 2] = bf16_pair(bfloat16_bits(float(rows[i * ld + c])), bfloat16_bits(float(rows[i * ld + c + 1])));
+  });
+}
+
+// C = [C +] alpha A B on bf16 pairs (bf16_pair_product.hpp), the team's threads taking strips of
+// whole micro-tile rows. The prefetches (of the next block's rows) go with the rows.
+template <class Member, class Tensor>
+KOKKOS_INLINE_FUNCTION void bf16_tile_mma(const Member& team, Bf16PairProduct product, const Tensor& next, int b,
+                                          int h, int next_first, int next_count, int head_dim) {
+#ifdef LONGATTN_VECTOR_EXTENSIONS
+  if (next_count > 0) {
+    product.prefetch = reinterpret_cast<const char*>(&next(b, next_first, h, 0));
+    product.prefetch_stride = std::ptrdiff_t(next.stride(1) * sizeof(typename Tensor::value_type));
+    product.prefetch_rows = next_count;
+    product.prefetch_row_bytes = int(head_dim * sizeof(typename Tensor::value_type));
+  }
+  constexpr int R = bf16_pair_tile_rows;
+  const int tiles = (product.rows + R - 1) / R, threads = team.team_size();
+  Kokkos::parallel_for(Kokkos::TeamThreadRange(team, threads), [&](int t) {
+    const int first = t * tiles / threads * R, last = (t + 1) * tiles / threads * R;
+    const int end = last < product.rows ? last : product.rows;
+    if (first < end) bf16_pair_product(product, first, end);
+  });
+#else
+  (void)team, (void)product, (void)next, (void)b, (void)h, (void)next_first, (void)next_count, (void)head_dim;
+  Kokkos::abort("longattn attention: the bf16 path is not compiled for this space");
+#endif
+}
+
+// ---------------------------------------------------------------------------------------------
 // Forward. Scratch (L = block tokens, D = head dim): Qt[D][L] (queries along lanes), K and V
 // blocks [L][D], St[L][L] (scores, then probabilities, key-major), Ot[D][L] (unnormalized
-// output), running max m[L] and sum l[L].
+// output), running max m[L] and sum l[L]. The bf16 path takes Q as column pairs, K as rows, V
+// as row pairs and the probabilities as row pairs Pp[L/2][L] instead of Qt, K, V and St's.
 template <class ExecSpace, class S, class Pattern, class Tiles>
 struct ForwardKernel {
   using T = accumulate_t<S>;
@@ -223,11 +372,14 @@ struct ForwardKernel {
   T output_scale;
   bool accumulate;  // continue the softmax of the (o, lse) already there (AttentionOptions::accumulate_output)
   int scratch_level;
+  static constexpr bool bf16_compiled = bf16_products_compiled<ExecSpace, S>;
+  bool bf16_products = false;  // the bf16 path (only where bf16_compiled)
 
   static std::size_t scratch_bytes(int head_dim) {
     using A = ScratchArena<Member>;
     const std::size_t D = head_dim, e = sizeof(T);
-    return 4 * A::bytes(D * L, e) + A::bytes(L * L, e) + 2 * A::bytes(L, e);
+    const std::size_t bf16_path = bf16_compiled ? 3 * A::bytes(D * L + L, 2) + A::bytes(L * L, 2) : 0;
+    return 4 * A::bytes(D * L, e) + A::bytes(L * L, e) + 2 * A::bytes(L, e) + bf16_path;
   }
   int league_size() const { return geo.batch * geo.heads * pattern.query_blocks(); }
 
@@ -244,9 +396,18 @@ struct ForwardKernel {
     T* ot = arena.template take<T>(D * L);
     T* m = arena.template take<T>(L);
     T* l = arena.template take<T>(L);
+    const bool pairs = bf16_compiled && bf16_products;
+    const int D2 = bf16_padded(D);
+    std::uint32_t* q_pairs = pairs ? arena.template take<std::uint32_t>(D2 / 2 * L) : nullptr;
+    std::uint32_t* k_rows = pairs ? arena.template take<std::uint32_t>(L * D2 / 2) : nullptr;
+    std::uint32_t* v_pairs = pairs ? arena.template take<std::uint32_t>(L / 2 * D) : nullptr;
+    std::uint32_t* p_pairs = pairs ? arena.template take<std::uint32_t>(L / 2 * L) : nullptr;
     TeamBarrier<Member> barrier(team, qt);
 
-    load_transposed<L>(team, q, b, h, q_first, q_count, D, scale_log2, qt);
+    if (pairs)
+      load_bf16_column_pairs<L>(team, q, b, h, q_first, q_count, D, q_pairs);
+    else
+      load_transposed<L>(team, q, b, h, q_first, q_count, D, scale_log2, qt);
     // The running softmax starts empty (m = -inf, l = 0, Ot = 0), or, when accumulating, as the
     // result already in (o, lse): m = lse in log2 units, l = 1, Ot = o / output_scale. Merging
     // then happens here, in the same online softmax, with no partial buffers.
@@ -266,15 +427,26 @@ struct ForwardKernel {
     for (int n = 0; n < visits; ++n) {
       const int k_first = visited[n] * L;
       const int k_count = tokens_in_block(k_first, geo.keys, L);
-      load_rows(team, k, v, b, h, k_first, k_count, D, ks, vs);
+      if (pairs) {
+        load_bf16_rows(team, k, b, h, k_first, k_count, D, k_rows);
+        load_bf16_row_pairs(team, v, b, h, k_first, k_count, D, v_pairs);
+      } else {
+        load_rows(team, k, v, b, h, k_first, k_count, D, ks, vs);
+      }
       barrier();
       // The next block's K rows are fetched during this product, its V rows during the other.
       const int next_first = n + 1 < visits ? visited[n + 1] * L : 0;
       const int next_count = n + 1 < visits ? tokens_in_block(next_first, geo.keys, L) : 0;
       // St[j][i] = sum_d K[j][d] Qt[d][i]
-      tile_mma<Shape>(team, k_count, L, D, ks, D, 1, qt, L, st, L, false, [&](int tile, int tiles) {
-        prefetch_rows(k, b, h, next_first, next_count, D, tile, tiles);
-      });
+      if (pairs)
+        bf16_tile_mma(team,
+                      {k_rows, D2 / 2, 1, q_pairs, L, bf16_output(st), L, k_count, L, D2 / 2, float(scale_log2),
+                       false},
+                      k, b, h, next_first, next_count, D);
+      else
+        tile_mma<Shape>(team, k_count, L, D, ks, D, 1, qt, L, st, L, false, [&](int tile, int tiles) {
+          prefetch_rows(k, b, h, next_first, next_count, D, tile, tiles);
+        });
       barrier();
       if (geo.needs_mask(q_first, k_first, k_count)) {
         Kokkos::parallel_for(Kokkos::TeamThreadRange(team, k_count), [&](int j) {
@@ -293,21 +465,31 @@ struct ForwardKernel {
         // Rows with every key masked so far keep m = -inf; subtract 0 there, not -inf.
         const P m_ref = select_equal(m_new, minus_infinity<T>(), P::broadcast(T(0)));
         const P alpha = exp2(m_old - m_ref);
-        P sum = P::broadcast(T(0));
+        P sum = P::broadcast(T(0)), even = sum;
         for (int j = 0; j < k_count; ++j) {
           const P p = exp2(P::load(st + j * L + i) - m_ref);
-          p.store(st + j * L + i);
           sum = sum + p;
+          if (!pairs)
+            p.store(st + j * L + i);
+          else if (j % 2 == 0)
+            even = p;
+          else
+            store_bf16_pairs(even, p, p_pairs + j / 2 * L + i);
         }
+        if (pairs && k_count % 2 == 1) store_bf16_pairs(even, P::broadcast(T(0)), p_pairs + k_count / 2 * L + i);
         fma(P::load(l + i), alpha, sum).store(l + i);
         m_new.store(m + i);
         for (int d = 0; d < D; ++d) (P::load(ot + d * L + i) * alpha).store(ot + d * L + i);
       });
       barrier();
       // Ot[d][i] += sum_j V[j][d] Pt[j][i]
-      tile_mma<Shape>(team, D, L, k_count, vs, 1, D, st, L, ot, L, true, [&](int tile, int tiles) {
-        prefetch_rows(v, b, h, next_first, next_count, D, tile, tiles);
-      });
+      if (pairs)
+        bf16_tile_mma(team, {v_pairs, 1, D, p_pairs, L, bf16_output(ot), L, D, L, (k_count + 1) / 2, 1.0f, true}, v,
+                      b, h, next_first, next_count, D);
+      else
+        tile_mma<Shape>(team, D, L, k_count, vs, 1, D, st, L, ot, L, true, [&](int tile, int tiles) {
+          prefetch_rows(v, b, h, next_first, next_count, D, tile, tiles);
+        });
       barrier();
     }
 
@@ -358,7 +540,9 @@ KOKKOS_INLINE_FUNCTION void load_row_statistics(const Lse& lse, const Delta& del
 // Kt[D][L], Vt[D][L], the query block's Q (scaled) and dO [L][D], S[L][L] (then P), dP[L][L]
 // (then dS), dKt[D][L], dVt[D][L], lse2[L], delta[L]; one pass adds the key block's rows
 // K[L][D] (times the softmax scale) for dQ[i][d] += sum_j dS[i][j] K[j][d], a product with the
-// head dim along the lanes (so D is a multiple of packs x lanes) into dq_sum's rows.
+// head dim along the lanes (so D is a multiple of packs x lanes) into dq_sum's rows. The bf16
+// path takes K and V as column pairs, Q and dO as rows and as row pairs, P and dS as row pairs
+// (one pass: also dS as rows and K as row pairs); the scales go into the products' alpha.
 template <class ExecSpace, class S, class Pattern, class Tiles, bool WithQueryGradient = false>
 struct KeyGradientKernel {
   using T = accumulate_t<S>;
@@ -387,15 +571,24 @@ struct KeyGradientKernel {
   // The head dims the one-pass form takes: dQ's product has them along its micro-tile columns.
   static constexpr int head_dim_multiple = Shape::packs * W;
 
+  static constexpr bool bf16_compiled = bf16_products_compiled<ExecSpace, S>;
+  bool bf16_products = false;  // the bf16 path (only where bf16_compiled)
+
   static std::size_t scratch_bytes(int head_dim) {
     using A = ScratchArena<Member>;
-    const std::size_t D = head_dim, e = sizeof(T);
-    return (WithQueryGradient ? 7 : 6) * A::bytes(D * L, e) + 2 * A::bytes(L * L, e) + 2 * A::bytes(L, e);
+    const std::size_t D = head_dim, e = sizeof(T), words = (D * L + L) / 2;
+    const std::size_t bf16_path =
+        bf16_compiled ? (WithQueryGradient ? 7 : 6) * A::bytes(words, 4) + (WithQueryGradient ? 3 : 2) * A::bytes(L * L / 2, 4)
+                      : 0;
+    return (WithQueryGradient ? 7 : 6) * A::bytes(D * L, e) + 2 * A::bytes(L * L, e) + 2 * A::bytes(L, e) + bf16_path;
   }
   int league_size() const { return geo.batch * geo.heads * (WithQueryGradient ? 1 : pattern.key_blocks()); }
 
   struct Scratch {
     T *kt, *vt, *ks, *qs, *dos, *s, *dp, *dkt, *dvt, *lse2, *delta_rows;
+    // The bf16 path's operands (words of two bf16), null in the float path.
+    std::uint32_t *k_pairs, *v_pairs, *k_row_pairs, *q_rows, *do_rows, *q_row_pairs, *do_row_pairs, *p_pairs,
+        *ds_pairs, *ds_rows;
   };
 
   KOKKOS_INLINE_FUNCTION void operator()(const Member& team) const {
@@ -413,6 +606,21 @@ struct KeyGradientKernel {
     x.dvt = arena.template take<T>(D * L);
     x.lse2 = arena.template take<T>(L);
     x.delta_rows = arena.template take<T>(L);
+    const bool pairs = bf16_compiled && bf16_products;
+    const int words = (D * L + L) / 2;
+    auto take_words = [&](bool wanted, int count) {
+      return pairs && wanted ? arena.template take<std::uint32_t>(count) : nullptr;
+    };
+    x.k_pairs = take_words(true, words);
+    x.v_pairs = take_words(true, words);
+    x.k_row_pairs = take_words(WithQueryGradient, words);
+    x.q_rows = take_words(true, words);
+    x.do_rows = take_words(true, words);
+    x.q_row_pairs = take_words(true, words);
+    x.do_row_pairs = take_words(true, words);
+    x.p_pairs = take_words(true, L * L / 2);
+    x.ds_pairs = take_words(true, L * L / 2);
+    x.ds_rows = take_words(WithQueryGradient, L * L / 2);
     TeamBarrier<Member> barrier(team, x.kt);
     if constexpr (WithQueryGradient) {
       const int b = team.league_rank() / geo.heads, h = team.league_rank() % geo.heads;
@@ -430,13 +638,21 @@ struct KeyGradientKernel {
     T *kt = x.kt, *vt = x.vt, *qs = x.qs, *dos = x.dos, *s = x.s, *dp = x.dp, *dkt = x.dkt, *dvt = x.dvt,
       *lse2 = x.lse2, *delta_rows = x.delta_rows;
 
+    const bool pairs = x.k_pairs != nullptr;
+    const int D2 = bf16_padded(D);
     barrier();  // the previous key block's stores are done with dKt and dVt
-    load_transposed<L>(team, k, b, h, k_first, k_count, D, T(1), kt);
-    load_transposed<L>(team, v, b, h, k_first, k_count, D, T(1), vt);
-    if constexpr (WithQueryGradient)
-      Kokkos::parallel_for(Kokkos::TeamThreadRange(team, k_count), [&](int j) {
-        for (int d = 0; d < D; ++d) x.ks[j * D + d] = T(k(b, k_first + j, h, d)) * scale;
-      });
+    if (pairs) {
+      load_bf16_column_pairs<L>(team, k, b, h, k_first, k_count, D, x.k_pairs);
+      load_bf16_column_pairs<L>(team, v, b, h, k_first, k_count, D, x.v_pairs);
+      if (WithQueryGradient) load_bf16_row_pairs(team, k, b, h, k_first, k_count, D, x.k_row_pairs);
+    } else {
+      load_transposed<L>(team, k, b, h, k_first, k_count, D, T(1), kt);
+      load_transposed<L>(team, v, b, h, k_first, k_count, D, T(1), vt);
+      if constexpr (WithQueryGradient)
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, k_count), [&](int j) {
+          for (int d = 0; d < D; ++d) x.ks[j * D + d] = T(k(b, k_first + j, h, d)) * scale;
+        });
+    }
     zero_scratch(team, dkt, D * L);
     zero_scratch(team, dvt, D * L);
 
@@ -446,11 +662,18 @@ struct KeyGradientKernel {
       const int q_first = visiting[n] * L;
       const int q_count = tokens_in_block(q_first, geo.queries, L);
       barrier();  // the previous block's products are done with qs, dos, s, dp
+      if (pairs) {
+        load_bf16_rows(team, q, b, h, q_first, q_count, D, x.q_rows);
+        load_bf16_rows(team, d_o, b, h, q_first, q_count, D, x.do_rows);
+        load_bf16_row_pairs(team, q, b, h, q_first, q_count, D, x.q_row_pairs);
+        load_bf16_row_pairs(team, d_o, b, h, q_first, q_count, D, x.do_row_pairs);
+      }
       Kokkos::parallel_for(Kokkos::TeamThreadRange(team, q_count), [&](int i) {
-        for (int d = 0; d < D; ++d) {
-          qs[i * D + d] = q(b, q_first + i, h, d) * scale_log2;
-          dos[i * D + d] = d_o(b, q_first + i, h, d) * output_scale;
-        }
+        if (!pairs)
+          for (int d = 0; d < D; ++d) {
+            qs[i * D + d] = q(b, q_first + i, h, d) * scale_log2;
+            dos[i * D + d] = d_o(b, q_first + i, h, d) * output_scale;
+          }
         load_row_statistics(lse, delta, b, h, q_first + i, lse2[i], delta_rows[i]);
       });
       barrier();
@@ -458,12 +681,21 @@ struct KeyGradientKernel {
       const int next_first = n + 1 < visits ? visiting[n + 1] * L : 0;
       const int next_count = n + 1 < visits ? tokens_in_block(next_first, geo.queries, L) : 0;
       // S[i][j] = sum_d Q[i][d] Kt[d][j];  dP[i][j] = sum_d dO[i][d] Vt[d][j]
-      tile_mma<Shape>(team, q_count, L, D, qs, D, 1, kt, L, s, L, false, [&](int tile, int tiles) {
-        prefetch_rows(q, b, h, next_first, next_count, D, tile, tiles);
-      });
-      tile_mma<Shape>(team, q_count, L, D, dos, D, 1, vt, L, dp, L, false, [&](int tile, int tiles) {
-        prefetch_rows(d_o, b, h, next_first, next_count, D, tile, tiles);
-      });
+      if (pairs) {
+        bf16_tile_mma(team, {x.q_rows, D2 / 2, 1, x.k_pairs, L, bf16_output(s), L, q_count, L, D2 / 2,
+                             float(scale_log2), false},
+                      q, b, h, next_first, next_count, D);
+        bf16_tile_mma(team, {x.do_rows, D2 / 2, 1, x.v_pairs, L, bf16_output(dp), L, q_count, L, D2 / 2,
+                             float(output_scale), false},
+                      d_o, b, h, next_first, next_count, D);
+      } else {
+        tile_mma<Shape>(team, q_count, L, D, qs, D, 1, kt, L, s, L, false, [&](int tile, int tiles) {
+          prefetch_rows(q, b, h, next_first, next_count, D, tile, tiles);
+        });
+        tile_mma<Shape>(team, q_count, L, D, dos, D, 1, vt, L, dp, L, false, [&](int tile, int tiles) {
+          prefetch_rows(d_o, b, h, next_first, next_count, D, tile, tiles);
+        });
+      }
       barrier();
       // Keys past the end of the sequence are masked too: their lanes hold zero-padded K.
       if (geo.needs_mask(q_first, k_first, k_count) || k_count < L) {
@@ -481,18 +713,41 @@ struct KeyGradientKernel {
         (p * (P::load(dp + i * L + j) - P::broadcast(delta_rows[i]))).store(dp + i * L + j);
       });
       barrier();
+      if (pairs) {
+        store_bf16_row_pairs<P>(team, s, q_count, L, L, x.p_pairs);
+        store_bf16_row_pairs<P>(team, dp, q_count, L, L, x.ds_pairs);
+        if (WithQueryGradient) store_bf16_rows(team, dp, q_count, L, L, x.ds_rows);
+        barrier();
+      }
       // dVt[d][j] += sum_i dO[i][d] P[i][j];  dKt[d][j] += sum_i Q[i][d] dS[i][j]
-      tile_mma<Shape>(team, D, L, q_count, dos, 1, D, s, L, dvt, L, true);
-      tile_mma<Shape>(team, D, L, q_count, qs, 1, D, dp, L, dkt, L, true, [&](int tile, int tiles) {
-        if constexpr (WithQueryGradient)
-          prefetch_rows(dq_sum, b, h, next_first, next_count, D, tile, tiles);
-        else
-          (void)tile, (void)tiles;
-      });
+      if (pairs) {
+        const int q_pairs = (q_count + 1) / 2;
+        bf16_tile_mma(team, {x.do_row_pairs, 1, D, x.p_pairs, L, bf16_output(dvt), L, D, L, q_pairs,
+                             float(output_scale), true},
+                      d_o, b, h, 0, 0, D);
+        bf16_tile_mma(team, {x.q_row_pairs, 1, D, x.ds_pairs, L, bf16_output(dkt), L, D, L, q_pairs,
+                             float(scale_log2), true},
+                      dq_sum, b, h, next_first, WithQueryGradient ? next_count : 0, D);
+      } else {
+        tile_mma<Shape>(team, D, L, q_count, dos, 1, D, s, L, dvt, L, true);
+        tile_mma<Shape>(team, D, L, q_count, qs, 1, D, dp, L, dkt, L, true, [&](int tile, int tiles) {
+          if constexpr (WithQueryGradient)
+            prefetch_rows(dq_sum, b, h, next_first, next_count, D, tile, tiles);
+          else
+            (void)tile, (void)tiles;
+        });
+      }
       // dQ[i][d] += sum_j dS[i][j] K[j][d] scale, into dq_sum's rows (this team owns the head's).
-      if constexpr (WithQueryGradient)
-        tile_mma<Shape>(team, q_count, D, k_count, dp, L, 1, x.ks, D, &dq_sum(b, q_first, h, 0), int(dq_sum.stride(1)),
-                        true);
+      if constexpr (WithQueryGradient) {
+        T* dq_rows = &dq_sum(b, q_first, h, 0);
+        const int ld = int(dq_sum.stride(1));
+        if (pairs)
+          bf16_tile_mma(team, {x.ds_rows, L / 2, 1, x.k_row_pairs, D, bf16_output(dq_rows), ld, q_count, D,
+                               (k_count + 1) / 2, float(scale), true},
+                        dq_sum, b, h, 0, 0, D);
+        else
+          tile_mma<Shape>(team, q_count, D, k_count, dp, L, 1, x.ks, D, dq_rows, ld, true);
+      }
     }
     barrier();
 
@@ -510,7 +765,8 @@ struct KeyGradientKernel {
 
 // ---------------------------------------------------------------------------------------------
 // dQ. Queries along lanes, like the forward pass. Scratch: Qt[D][L] (scaled), dOt[D][L], K and
-// V blocks [L][D], St[L][L] (then P), dPt[L][L] (then dS), dQt[D][L], lse2[L], delta[L].
+// V blocks [L][D], St[L][L] (then P), dPt[L][L] (then dS), dQt[D][L], lse2[L], delta[L]. The
+// bf16 path takes Q and dO as column pairs, K and V as rows, K as row pairs and dS as row pairs.
 template <class ExecSpace, class S, class Pattern, class Tiles>
 struct QueryGradientKernel {
   using T = accumulate_t<S>;
@@ -534,10 +790,14 @@ struct QueryGradientKernel {
   bool accumulate;  // add into dq
   int scratch_level;
 
+  static constexpr bool bf16_compiled = bf16_products_compiled<ExecSpace, S>;
+  bool bf16_products = false;  // the bf16 path (only where bf16_compiled)
+
   static std::size_t scratch_bytes(int head_dim) {
     using A = ScratchArena<Member>;
-    const std::size_t D = head_dim, e = sizeof(T);
-    return 5 * A::bytes(D * L, e) + 2 * A::bytes(L * L, e) + 2 * A::bytes(L, e);
+    const std::size_t D = head_dim, e = sizeof(T), words = (D * L + L) / 2;
+    const std::size_t bf16_path = bf16_compiled ? 5 * A::bytes(words, 4) + A::bytes(L * L / 2, 4) : 0;
+    return 5 * A::bytes(D * L, e) + 2 * A::bytes(L * L, e) + 2 * A::bytes(L, e) + bf16_path;
   }
   int league_size() const { return geo.batch * geo.heads * pattern.query_blocks(); }
 
@@ -556,10 +816,23 @@ struct QueryGradientKernel {
     T* dqt = arena.template take<T>(D * L);
     T* lse2 = arena.template take<T>(L);
     T* delta_rows = arena.template take<T>(L);
+    const bool pairs = bf16_compiled && bf16_products;
+    const int D2 = bf16_padded(D), words = (D * L + L) / 2;
+    std::uint32_t* q_pairs = pairs ? arena.template take<std::uint32_t>(words) : nullptr;
+    std::uint32_t* do_pairs = pairs ? arena.template take<std::uint32_t>(words) : nullptr;
+    std::uint32_t* k_rows = pairs ? arena.template take<std::uint32_t>(words) : nullptr;
+    std::uint32_t* v_rows = pairs ? arena.template take<std::uint32_t>(words) : nullptr;
+    std::uint32_t* k_row_pairs = pairs ? arena.template take<std::uint32_t>(words) : nullptr;
+    std::uint32_t* ds_pairs = pairs ? arena.template take<std::uint32_t>(L * L / 2) : nullptr;
     TeamBarrier<Member> barrier(team, qt);
 
-    load_transposed<L>(team, q, b, h, q_first, q_count, D, scale_log2, qt);
-    load_transposed<L>(team, d_o, b, h, q_first, q_count, D, output_scale, dot);
+    if (pairs) {
+      load_bf16_column_pairs<L>(team, q, b, h, q_first, q_count, D, q_pairs);
+      load_bf16_column_pairs<L>(team, d_o, b, h, q_first, q_count, D, do_pairs);
+    } else {
+      load_transposed<L>(team, q, b, h, q_first, q_count, D, scale_log2, qt);
+      load_transposed<L>(team, d_o, b, h, q_first, q_count, D, output_scale, dot);
+    }
     zero_scratch(team, dqt, D * L);
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, L), [&](int i) {
       if (i < q_count) {
@@ -576,17 +849,32 @@ struct QueryGradientKernel {
       const int k_first = visited[n] * L;
       const int k_count = tokens_in_block(k_first, geo.keys, L);
       barrier();
-      load_rows(team, k, v, b, h, k_first, k_count, D, ks, vs);
+      if (pairs) {
+        load_bf16_rows(team, k, b, h, k_first, k_count, D, k_rows);
+        load_bf16_rows(team, v, b, h, k_first, k_count, D, v_rows);
+        load_bf16_row_pairs(team, k, b, h, k_first, k_count, D, k_row_pairs);
+      } else {
+        load_rows(team, k, v, b, h, k_first, k_count, D, ks, vs);
+      }
       barrier();
       const int next_first = n + 1 < visits ? visited[n + 1] * L : 0;
       const int next_count = n + 1 < visits ? tokens_in_block(next_first, geo.keys, L) : 0;
       // St[j][i] = sum_d K[j][d] Qt[d][i];  dPt[j][i] = sum_d V[j][d] dOt[d][i]
-      tile_mma<Shape>(team, k_count, L, D, ks, D, 1, qt, L, st, L, false, [&](int tile, int tiles) {
-        prefetch_rows(k, b, h, next_first, next_count, D, tile, tiles);
-      });
-      tile_mma<Shape>(team, k_count, L, D, vs, D, 1, dot, L, dpt, L, false, [&](int tile, int tiles) {
-        prefetch_rows(v, b, h, next_first, next_count, D, tile, tiles);
-      });
+      if (pairs) {
+        bf16_tile_mma(team, {k_rows, D2 / 2, 1, q_pairs, L, bf16_output(st), L, k_count, L, D2 / 2,
+                             float(scale_log2), false},
+                      k, b, h, next_first, next_count, D);
+        bf16_tile_mma(team, {v_rows, D2 / 2, 1, do_pairs, L, bf16_output(dpt), L, k_count, L, D2 / 2,
+                             float(output_scale), false},
+                      v, b, h, next_first, next_count, D);
+      } else {
+        tile_mma<Shape>(team, k_count, L, D, ks, D, 1, qt, L, st, L, false, [&](int tile, int tiles) {
+          prefetch_rows(k, b, h, next_first, next_count, D, tile, tiles);
+        });
+        tile_mma<Shape>(team, k_count, L, D, vs, D, 1, dot, L, dpt, L, false, [&](int tile, int tiles) {
+          prefetch_rows(v, b, h, next_first, next_count, D, tile, tiles);
+        });
+      }
       barrier();
       if (geo.needs_mask(q_first, k_first, k_count)) {
         Kokkos::parallel_for(Kokkos::TeamThreadRange(team, k_count), [&](int j) {
@@ -603,7 +891,14 @@ struct QueryGradientKernel {
       });
       barrier();
       // dQt[d][i] += sum_j K[j][d] dSt[j][i]
-      tile_mma<Shape>(team, D, L, k_count, ks, 1, D, dpt, L, dqt, L, true);
+      if (pairs) {
+        store_bf16_row_pairs<P>(team, dpt, k_count, L, L, ds_pairs);
+        barrier();
+        bf16_tile_mma(team, {k_row_pairs, 1, D, ds_pairs, L, bf16_output(dqt), L, D, L, (k_count + 1) / 2, 1.0f, true},
+                      k, b, h, 0, 0, D);
+      } else {
+        tile_mma<Shape>(team, D, L, k_count, ks, 1, D, dpt, L, dqt, L, true);
+      }
     }
     barrier();
 

@@ -10,9 +10,11 @@
 
 #include <Kokkos_Core.hpp>
 
+#include <cstdint>
 #include <cstring>
 #include <type_traits>
 
+#include "longattn/core/half.hpp"
 #include "longattn/kokkos_compat.hpp"
 
 #if defined(__GNUC__) && !defined(__CUDACC__) && !defined(__HIPCC__)
@@ -103,6 +105,24 @@ struct Pack {
     const Bits n = (Bits)t.v - 0x4B400000;
     return {(Native)((n + 127) << 23)};
   }
+
+  // The lanes rounded to bfloat16 (as bfloat16(float), half.hpp), stored as pairs for the bf16
+  // dot products (bf16_pair_product.hpp): word l = (even[l], odd[l]), even in the low half.
+  friend void store_bf16_pairs(Pack even, Pack odd, std::uint32_t* out) {
+    const Words pairs = bf16_bits(even) | bf16_bits(odd) << 16;
+    std::memcpy(out, &pairs, sizeof pairs);
+  }
+
+ private:
+  typedef std::uint32_t Words __attribute__((vector_size(sizeof(std::uint32_t) * W)));
+  static Words bf16_bits(Pack x) {
+    typedef float Floats __attribute__((vector_size(sizeof(float) * W)));
+    const Floats f = __builtin_convertvector(x.v, Floats);
+    const Words u = (Words)f;
+    const Words rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;  // to nearest, ties to even
+    const Words quiet_nan = (u >> 16) | 0x40u;
+    return f != f ? quiet_nan : rounded;
+  }
 };
 
 #else
@@ -153,6 +173,10 @@ struct Pack {
       memcpy(&r.v[l], &bits, sizeof bits);
     }
     return r;
+  }
+  KOKKOS_INLINE_FUNCTION friend void store_bf16_pairs(Pack even, Pack odd, std::uint32_t* out) {
+    for (int l = 0; l < W; ++l)
+      out[l] = std::uint32_t(bfloat16_bits(float(even.v[l]))) | std::uint32_t(bfloat16_bits(float(odd.v[l]))) << 16;
   }
 };
 
