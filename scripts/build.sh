@@ -21,6 +21,13 @@ if [ "${LONGATTN_CUDA:-0}" = 1 ]; then
   cmake_args+=(-DLONGATTN_ENABLE_CUDA=ON "-DCMAKE_CXX_COMPILER=$deps/bin/nvcc_wrapper")
 fi
 
+# ccache, where installed, for the host compilers (not nvcc): paths under the repository are
+# hashed relative to it, so a fresh clone reuses what an earlier one compiled. LONGATTN_CCACHE=0
+# turns it off.
+if [ "${LONGATTN_CCACHE:-1}" = 1 ] && [ "${LONGATTN_CUDA:-0}" != 1 ] && command -v ccache > /dev/null; then
+  export CCACHE_BASEDIR="$root"
+  cmake_args+=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
+fi
 cmake -S "$root" -B "$build_dir" "-DCMAKE_PREFIX_PATH=$deps" "${cmake_args[@]}" "$@" >&2
 targets=()
 for t in ${LONGATTN_TARGETS:-}; do targets+=(--target "$t"); done

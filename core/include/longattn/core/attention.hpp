@@ -366,7 +366,7 @@ void check_blocks(const char* where, const Blocks& blocks, const AttentionGeomet
 }
 
 // Whether a kernel takes the bf16 path (attention_kernels.hpp): compiled for its types, and the
-// CPU's bf16 dot products in use (gemm.hpp: LONGATTN_BF16_DOT_PRODUCTS, use_bf16_dot_products).
+// CPU's bf16 dot products in use (bf16_dot_products.hpp).
 template <class Kernel>
 bool bf16_products(const Kernel&) {
   return Kernel::bf16_compiled && bf16_dot_products_in_use();

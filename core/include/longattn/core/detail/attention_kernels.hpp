@@ -20,7 +20,8 @@
 // are the same for one thread per team (the host's SimdTiles) and many (ThreadTiles). The kernels
 // are templated on the storage type S of the tensors (float, double, bfloat16, float16) and compute
 // in T = accumulate_t<S>: 16-bit tensors are converted on load and rounded on store; scratch, LSE
-// and Delta are float.
+// and Delta are float. bfloat16 tensors on a host space may instead run the block products on
+// the CPU's bf16 dot products (the bf16 path, below).
 #pragma once
 
 #include <Kokkos_Core.hpp>
