@@ -46,21 +46,17 @@ bool cpu_has_avx512_bf16() {
       "xmm14", "xmm15", "xmm16", "xmm17"
 
 // Seconds for 16 independent chains of 4096 instructions (bf16 dot products or float FMAs) on
-// zeroed registers, the best of `attempts`.
-LONGATTN_AVX512_BF16 double best_seconds(bool dot_products, int attempts) {
-  double best = 1e30;
-  for (int attempt = 0; attempt < attempts; ++attempt) {
-    const auto start = std::chrono::steady_clock::now();
-    asm volatile(LONGATTN_ON_16_REGISTERS(LONGATTN_ZERO) LONGATTN_ZERO("16") LONGATTN_ZERO("17")::: LONGATTN_CLOBBERS);
-    for (int round = 0; round < 4096; ++round) {
-      if (dot_products)
-        asm volatile(LONGATTN_ON_16_REGISTERS(LONGATTN_DOT)::: LONGATTN_CLOBBERS);
-      else
-        asm volatile(LONGATTN_ON_16_REGISTERS(LONGATTN_FMA)::: LONGATTN_CLOBBERS);
-    }
-    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+// zeroed registers.
+LONGATTN_AVX512_BF16 double seconds_for(bool dot_products) {
+  const auto start = std::chrono::steady_clock::now();
+  asm volatile(LONGATTN_ON_16_REGISTERS(LONGATTN_ZERO) LONGATTN_ZERO("16") LONGATTN_ZERO("17")::: LONGATTN_CLOBBERS);
+  for (int round = 0; round < 4096; ++round) {
+    if (dot_products)
+      asm volatile(LONGATTN_ON_16_REGISTERS(LONGATTN_DOT)::: LONGATTN_CLOBBERS);
+    else
+      asm volatile(LONGATTN_ON_16_REGISTERS(LONGATTN_FMA)::: LONGATTN_CLOBBERS);
   }
-  return best;
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 #endif
 
@@ -71,8 +67,8 @@ double measure_speedup() {
   if (!bf16_dot_products_available()) return 0;
   double fma = 1e30, dot = 1e30;
   for (int alternation = 0; alternation < 3; ++alternation) {
-    fma = std::min(fma, best_seconds(false, 1));
-    dot = std::min(dot, best_seconds(true, 1));
+    fma = std::min(fma, seconds_for(false));
+    dot = std::min(dot, seconds_for(true));
   }
   return 2 * fma / dot;
 #else
