@@ -114,11 +114,15 @@ void check_forward_and_backward(const Shape& s, bool causal, std::mt19937_64& rn
   longattn::attention_backward<Tiles>(exec, qd, kd, vd, o, dod, lse, dq, dk, dv, opts);
   exec.fence();
 
-  CHECK(relative_error(to_host(o), o_ref) <= tolerance<T>());
-  CHECK(relative_error(to_host(lse), lse_ref) <= tolerance<T>());
-  CHECK(relative_error(to_host(dq), dq_ref) <= gradient_tolerance<T>());
-  CHECK(relative_error(to_host(dk), dk_ref) <= gradient_tolerance<T>());
-  CHECK(relative_error(to_host(dv), dv_ref) <= gradient_tolerance<T>());
+  // On bf16 dot products P and dS are rounded to bfloat16 too: one more 2^-9 relative.
+  const bool dot_products = std::is_same_v<T, longattn::bfloat16> && longattn::bf16_dot_products_in_use() &&
+                            std::is_same_v<Memory, Kokkos::HostSpace>;
+  const double rounding = dot_products ? 1.5 : 1.0;
+  CHECK(relative_error(to_host(o), o_ref) <= rounding * tolerance<T>());
+  CHECK(relative_error(to_host(lse), lse_ref) <= rounding * tolerance<T>());
+  CHECK(relative_error(to_host(dq), dq_ref) <= rounding * gradient_tolerance<T>());
+  CHECK(relative_error(to_host(dk), dk_ref) <= rounding * gradient_tolerance<T>());
+  CHECK(relative_error(to_host(dv), dv_ref) <= rounding * gradient_tolerance<T>());
 }
 
 }  // namespace
