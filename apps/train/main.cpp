@@ -79,6 +79,9 @@ int main(int argc, char** argv) {
   app.add_option("--clip", c.optimizer.clip, "gradient global-norm clip (0: none)")->group("Training");
   app.add_option("--cp", c.cp, "context-parallel ranks per sequence (ring attention); dp = ranks / cp")
       ->group("Parallel");
+  app.add_option("--zero", c.zero,
+                 "ZeRO stage over the dp x cp ranks: 0 (none) or 1 (AdamW's moments and master weights sharded: "
+                 "each rank updates its shard, then all-gathers the parameters)")->group("Parallel");
   app.add_option("--eval-every", c.eval_every, "steps between validation losses (0: at the end only)")->group("Output");
   app.add_option("--eval-batches", c.eval_batches, "global batches per validation")->group("Output");
   app.add_option("--checkpoint", c.checkpoint, "checkpoint file (written atomically)")->group("Checkpoint");
@@ -125,6 +128,12 @@ int main(int argc, char** argv) {
                 << summary["steady_peak_fraction"].get<double>() << " of the FMA peak, communication "
                 << std::setprecision(1) << 100 * summary["steady_communication_share"].get<double>()
                 << "% of the time\n";
+      const double measured = summary["memory_bytes"].get<double>(), predicted = result.predicted_memory_bytes;
+      std::cout << "memory    pool high-water " << measured / double(1 << 20) << " MiB per rank (the largest)";
+      if (predicted > 0)
+        std::cout << "; longattn-plan predicted " << predicted / double(1 << 20) << " MiB (measured / predicted "
+                  << std::setprecision(2) << measured / predicted << ")";
+      std::cout << "\n";
     }
   } catch (const longattn::Error& error) {
     if (root) std::cerr << "error: " << error.what() << "\n";

@@ -2,8 +2,9 @@
 // optimizer against its formulas, the data, checkpoints (atomic, refused when corrupted or
 // mismatched, or with bad metadata; a failed write keeps the previous one), the loss falling on real text, recomputation and micro-batches against the plain
 // step, bf16/fp16 against fp32 and fp16 loss scaling, and the grid: DP = 2 and CP = 2 (ring
-// attention, distributed dilated attention, block-sparse ring) give the losses of one rank. Runs
-// at 1 and 2 ranks; the grid comparisons need 2 (at 1 they say SKIP).
+// attention, distributed dilated attention, block-sparse ring) give the losses of one rank; ZeRO 1
+// gives the losses of none, and its checkpoints resume on another grid. Runs at 1 and 2 ranks,
+// the ZeRO cases also at 4; the grid comparisons need 2 or more (at 1 they say SKIP).
 #include <catch2/catch.hpp>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -23,6 +24,7 @@
 #include <sstream>
 
 #include "longattn/train/checkpoint.hpp"
+#include "longattn/train/prediction.hpp"
 #include "longattn/train/trainer.hpp"
 #include "parallel/mpi_test_support.hpp"
 #include "reference/random.hpp"
@@ -266,6 +268,118 @@ TEST_CASE("data parallel: 2 ranks give the losses of 1 with the same global batc
   const TrainResult two = run_training(c, test::throwing_world(), nullptr);
   CHECK(two.dp == 2);
   check_same_losses(losses(two), one, 1e-4);
+}
+
+// ZeRO 1 against no ZeRO on the same ranks: each rank updates its shard of the parameters with
+// its shard of AdamW's state, then all-gathers them; only the gradient norm's sum runs in another
+// order. embed 33 over 3 heads: groups of odd sizes, so some ranks' pieces are shorter. bf16:
+// the fp32 master weights are sharded too. At 4 ranks also dp 2 x cp 2 (ring attention).
+TEST_CASE("ZeRO 1 gives the losses of no ZeRO on the same ranks, with a shard of AdamW's memory", "[train][zero]") {
+  const int ranks = test::throwing_world().size();
+  if (ranks == 1) {
+    WARN("SKIP: ZeRO needs 2 or more MPI ranks, the world has 1 (ctest's train_np2 and train_np4_zero run it)");
+    return;
+  }
+  std::vector<int> cps{1};
+  if (ranks % 2 == 0 && ranks > 2) cps.push_back(2);
+  for (const Precision precision : {Precision::fp32, Precision::bf16})
+    for (const int cp : cps) {
+      INFO(to_string(precision) << ", dp " << ranks / cp << " x cp " << cp);
+      TrainConfig c = tiny_config();
+      c.model.embed = 33;
+      c.model.heads = 3;
+      c.model.context = cp > 1 ? 256 : 64;  // zigzag: 4 chunks of one 64-token block
+      c.precision = precision;
+      c.steps = 3;
+      c.cp = cp;
+      c.optimizer.clip = 0.05;  // below these gradients' norms: every rank must clip by the global one
+      const TrainResult none = run_training(c, test::throwing_world(), nullptr);
+      c.zero = 1;
+      const TrainResult zero = run_training(c, test::throwing_world(), nullptr);
+      check_same_losses(losses(zero), losses(none), precision == Precision::fp32 ? 1e-5 : 1e-3);
+      for (std::size_t i = 0; i < zero.steps.size(); ++i) {
+        INFO("step " << i + 1);
+        CHECK(zero.steps[i].gradient_norm > c.optimizer.clip);
+        CHECK(zero.steps[i].gradient_norm == Approx(none.steps[i].gradient_norm).epsilon(1e-5));
+      }
+      // AdamW's moments (and master weights) on 1/ranks of the elements, give or take a piece's rounding.
+      const std::size_t optimizer_floats = precision == Precision::fp32 ? 2 : 3;
+      const double saved = double(none.model_state_bytes) - double(zero.model_state_bytes);
+      CHECK(saved == Approx(double(none.parameters * optimizer_floats * sizeof(float)) * (1 - 1.0 / ranks)).epsilon(0.01));
+      // The pool's high-water falls by about as much (the all-gathers' staging is one group's size).
+      INFO("pool high-water: " << none.steps.back().memory_bytes << " bytes without ZeRO, "
+                               << zero.steps.back().memory_bytes << " with");
+      CHECK(double(none.steps.back().memory_bytes) - double(zero.steps.back().memory_bytes) > 0.5 * saved);
+    }
+}
+
+// A checkpoint holds AdamW's whole state whatever the grid: written by the world under ZeRO 1,
+// resumed by one rank without it, and that one's resumed by the world under ZeRO 1 again, the
+// losses are the uninterrupted run's.
+TEST_CASE("a checkpoint written under ZeRO 1 resumes on one rank without it, and back", "[train][zero][checkpoint]") {
+  const auto world = test::throwing_world();
+  if (world.size() == 1) {
+    WARN("SKIP: ZeRO needs 2 or more MPI ranks, the world has 1 (ctest's train_np2 and train_np4_zero run it)");
+    return;
+  }
+  TrainConfig c = tiny_config();
+  c.precision = Precision::bf16;  // master weights, moments: all sharded
+  c.zero = 1;
+  const std::vector<double> uninterrupted = losses(run_training(c, world, nullptr));
+  c.checkpoint = shared_path("zero.ckpt");
+  c.stop_after = 2;
+  run_training(c, world, nullptr);
+  c.resume = true;
+  const parallel::Communicator alone_rank = self();  // collective: every rank splits
+  if (world.rank() == 0) {
+    TrainConfig one = c;
+    one.zero = 0;
+    one.stop_after = 4;
+    const TrainResult alone = run_training(one, alone_rank, nullptr);
+    REQUIRE(alone.first_step == 3);
+    check_same_losses(losses(alone), {uninterrupted[2], uninterrupted[3]}, 1e-3);
+  }
+  world.barrier();
+  c.stop_after = 0;
+  const TrainResult back = run_training(c, world, nullptr);
+  REQUIRE(back.first_step == 5);
+  check_same_losses(losses(back), {uninterrupted[4]}, 1e-3);
+  world.barrier();
+  if (world.rank() == 0) std::remove(c.checkpoint.c_str());
+}
+
+// The run reports longattn-plan's memory for its own layout: the planner's estimate of the same
+// model, precision, recomputation, grid, ZeRO stage and micro-batch, built here by hand.
+TEST_CASE("a run carries longattn-plan's memory prediction for its layout", "[train][plan]") {
+  const auto world = test::throwing_world();
+  TrainConfig c = tiny_config();
+  c.steps = 1;
+  c.precision = Precision::bf16;
+  c.model.recompute = Recompute::selective;
+  c.micro_batch = world.size() <= 2 ? 2 : 1;
+  c.zero = world.size() > 1 ? 1 : 0;
+  const TrainResult r = run_training(c, world, nullptr);
+  plan::Plan p;
+  p.model.layers = 2;
+  p.model.hidden = 32;
+  p.model.heads = 2;
+  p.model.vocabulary = 256;
+  p.model.sequence = 64;
+  p.model.positions = plan::Positions::learned;
+  p.training.global_batch_tokens = 4 * 64;
+  p.training.precision = plan::Precision::bf16;
+  p.training.recompute = plan::Recompute::selective;
+  p.cluster.gpus = p.cluster.gpu.gpus_per_node = world.size();
+  p.layout.data = world.size();
+  p.layout.zero_stage = c.zero;
+  p.layout.micro_batch = c.micro_batch;
+  const plan::Estimate expected = plan::estimate(p);
+  CHECK(r.predicted_memory_bytes == Approx(expected.memory_total).epsilon(1e-12));
+  REQUIRE(r.predicted_memory.size() == expected.memory.size());
+  for (std::size_t i = 0; i < expected.memory.size(); ++i) {
+    CHECK(r.predicted_memory[i].first == expected.memory[i].name);
+    CHECK(r.predicted_memory[i].second == Approx(expected.memory[i].value).epsilon(1e-12));
+  }
 }
 
 // cp 2 (ring attention, distributed dilated attention) against one rank: the same losses.
@@ -773,6 +887,10 @@ TEST_CASE("bad options are refused naming them", "[train][errors]") {
   bad = c;
   bad.loss_scale.initial = 0;
   fails(bad, "argument 'loss-scale' is 0, expected a positive finite factor");
+  bad = c;
+  bad.zero = 2;
+  fails(bad, "argument 'zero' is 2, expected 0 or 1 (ZeRO 1: AdamW's state sharded over the ranks; stages 2 and 3 "
+             "are not built)");
   if (world.size() == 2) {
     bad = c;
     bad.batch = 3;

@@ -183,14 +183,21 @@ Estimate estimate(const Plan& plan, const AttentionWork& work) {
   const double layer_activations = activation_bytes_per_layer(per_layer_inputs) * element / 2;
   const double in_flight = std::min(p, micro_batches);
   const double logits = 4 * s_local * b * V / t;
-  const double activations = p == 1 ? L * layer_activations + logits
-                                    : std::max(in_flight * L / p * layer_activations, L / p * layer_activations + logits);
+  // Full recomputation runs each layer's forward again in its backward: that one layer's
+  // activations, kept whole, are live on top of every layer's input.
+  ActivationInputs whole_layer_inputs = per_layer_inputs;
+  whole_layer_inputs.recompute = Recompute::none;
+  const double recomputed_layer = full ? activation_bytes_per_layer(whole_layer_inputs) * element / 2 : 0;
+  const double activations =
+      recomputed_layer + (p == 1 ? L * layer_activations + logits
+                                 : std::max(in_flight * L / p * layer_activations, L / p * layer_activations + logits));
   const char* recompute_formula = training.recompute == Recompute::full        ? "2 s b h / t"
                                   : training.recompute == Recompute::selective ? "34 s b h / t"
                                                                                : "(34 s b h + 4 a s b) / t";
   e.memory.push_back({"activations", activations,
                       std::string(recompute_formula) + " per layer (s = seq/cp = " + number(s_local) +
-                          ") x layers/pp x min(pp, micro-batches) in flight, + logits 4 s b V / t  [Korthikanti22]"});
+                          ") x layers/pp x min(pp, micro-batches) in flight, + logits 4 s b V / t  [Korthikanti22]" +
+                          (full ? ", + the recomputed layer's (34 s b h + 4 a s b) / t" : "")});
 
   // The fused backward's Delta (fp32 per query and head); dilated longnet's partial o and lse.
   double workspace = 4 * b * (a / t) * s_local;
@@ -200,6 +207,11 @@ Estimate estimate(const Plan& plan, const AttentionWork& work) {
     workspace_formula += " + partial o and lse of the dilated merge";
   }
   e.memory.push_back({"attention workspace", workspace, workspace_formula});
+
+  // One layer's backward at a time holds the gradients of its input, residual branch and norm
+  // output (3 s b h), its MLP's hidden layer (s b f) and Q, K, V (3 s b h).
+  e.memory.push_back({"backward buffers", b * s_local * (6 * h + f) / t * element,
+                      "s b (6 h + f) / t: one layer's input, residual, norm, MLP-hidden and Q, K, V gradients"});
 
   double buffers = 0;
   std::string buffer_formula;
@@ -218,7 +230,11 @@ Estimate estimate(const Plan& plan, const AttentionWork& work) {
     if (largest > 0) add_buffer(largest, "gathered dilated K/V of a spanning segment and their fp32 gradients");
   }
   if (t > 1) add_buffer(2 * b * s_local * h * element, "sequence-parallel all-gather of s b h");
-  if (n_dp > 1) add_buffer(2 * bucket_bytes, "2 gradient buckets of 25 MiB");
+  // Buckets in flight, as gradient_as_bucket_view reduces them; a model whose gradients are
+  // smaller than two buckets holds only those.
+  if (n_dp > 1)
+    add_buffer(std::min(2 * bucket_bytes, states.gradients),
+               "2 gradient buckets of 25 MiB (or all the gradients, if fewer bytes)");
   if (layout.zero_stage >= 3 && n_dp > 1)
     add_buffer(2 * per_layer / t * element, "ZeRO-3: 2 layers' gathered parameters");
   e.memory.push_back({"communication buffers", buffers, buffer_formula.empty() ? "none (one GPU per replica)" : buffer_formula});

@@ -15,6 +15,8 @@
 #include "longattn/parallel/context_parallel_attention.hpp"
 #include "longattn/parallel/gradient_buckets.hpp"
 #include "longattn/train/checkpoint.hpp"
+#include "longattn/train/prediction.hpp"
+#include "longattn/train/zero.hpp"
 
 namespace longattn::train {
 
@@ -107,6 +109,8 @@ void validate(const TrainConfig& c, int world_size) {
   require(c.micro_batch >= 0 && (c.micro_batch == 0 || per_rank % c.micro_batch == 0), program, "micro-batch",
           c.micro_batch,
           "a divisor of batch / dp = " + std::to_string(per_rank) + " (sequences per rank), or 0 for all of them");
+  require(c.zero == 0 || c.zero == 1, program, "zero", c.zero,
+          "0 or 1 (ZeRO 1: AdamW's state sharded over the ranks; stages 2 and 3 are not built)");
   require(c.eval_every >= 0, program, "eval-every", c.eval_every, "a step count >= 0");
   require(c.eval_batches >= 1, program, "eval-batches", c.eval_batches, "at least 1");
   require(c.checkpoint_every >= 0, program, "checkpoint-every", c.checkpoint_every, "a step count >= 0");
@@ -147,12 +151,16 @@ nlohmann::json TrainResult::to_json(const TrainConfig& c) const {
   j["config"]["recompute"] = to_string(c.model.recompute);
   j["config"]["precision"] = to_string(c.precision);
   j["config"]["grad_reduce"] = to_string(c.grad_reduce);
+  j["config"]["zero"] = c.zero;
   j["grid"] = {{"dp", dp}, {"cp", cp}};
   j["micro_batches"] = micro_batches;
   j["parameters"] = parameters;
   j["model_state_bytes"] = model_state_bytes;
   j["bucket_bytes"] = bucket_bytes;
   j["flops_per_step"] = flops_per_step;
+  j["predicted_memory_bytes"] = predicted_memory_bytes;
+  j["predicted_memory"] = nlohmann::json::object();
+  for (const auto& [name, bytes] : predicted_memory) j["predicted_memory"][name] = bytes;
   j["peak_gflops"] = peak_gflops;
   j["first_step"] = first_step;
   j["steps"] = nlohmann::json::array();
@@ -235,19 +243,32 @@ TrainResult train(const TrainConfig& config, const parallel::Communicator& world
     buckets = std::make_unique<parallel::GradientBuckets<Exec>>(context, world, options);
     for (const auto& g : groups) buckets->add(g.gradients, g.count);
   }
-  AdamW<Exec, T> optimizer(context, config.optimizer, groups);
+  // ZeRO 1: this rank's AdamW updates its shard of every group (with one rank: all of it).
+  std::optional<ParameterShards<Exec, T>> shards;
+  if (config.zero == 1 && world.size() > 1) shards.emplace(context, world, groups);
+  AdamW<Exec, T> optimizer(context, config.optimizer, shards ? shards->pieces() : groups,
+                           shards ? typename AdamW<Exec, T>::SquaresOverRanks(
+                                        [&](double mine) { return shards->sum_squares_over_ranks(mine); })
+                                  : nullptr);
   // A checkpoint's payload, in order: every group's parameters (fp32: the model's; 16-bit: the
-  // optimizer's fp32 master weights, in the same order), then AdamW's two moments. The same bytes
-  // in every precision, so a run may resume in another.
-  std::vector<Kokkos::View<float*, Memory, Kokkos::MemoryUnmanaged>> state;
+  // optimizer's fp32 master weights, in the same order), then AdamW's two moments, each whole
+  // (gathered from the ranks under ZeRO 1). The same bytes in every precision and at every grid,
+  // so a run may resume in another precision, on another number of ranks, with or without ZeRO.
+  using Floats = Kokkos::View<float*, Memory, Kokkos::MemoryUnmanaged>;
+  struct StatePart {
+    Floats local;  // what this rank holds
+    bool sharded;  // its pieces of the whole (ZeRO 1)
+  };
+  std::vector<StatePart> state;
   if constexpr (AdamW<Exec, T>::keeps_master_weights)
-    state.emplace_back(optimizer.master_weights().data(), optimizer.master_weights().size());
+    state.push_back({Floats(optimizer.master_weights().data(), optimizer.master_weights().size()), bool(shards)});
   else
-    for (const auto& g : groups) state.emplace_back(g.values, g.count);
-  state.emplace_back(optimizer.first_moment().data(), optimizer.first_moment().size());
-  state.emplace_back(optimizer.second_moment().data(), optimizer.second_moment().size());
+    for (const auto& g : groups) state.push_back({Floats(g.values, g.count), false});
+  state.push_back({Floats(optimizer.first_moment().data(), optimizer.first_moment().size()), bool(shards)});
+  state.push_back({Floats(optimizer.second_moment().data(), optimizer.second_moment().size()), bool(shards)});
+  auto whole_floats = [&](const StatePart& part) { return part.sharded ? shards->whole_elements() : part.local.size(); };
   std::size_t state_bytes = 0;
-  for (const auto& part : state) state_bytes += part.size() * sizeof(float);
+  for (const auto& part : state) state_bytes += whole_floats(part) * sizeof(float);
   std::mt19937_64 train_rng(config.data_seed);
   int first = 0;  // 0-based step to start from
   // fp16's dynamic loss scale and the good steps since it last changed (1: no scaling).
@@ -275,10 +296,20 @@ TrainResult train(const TrainConfig& config, const parallel::Communicator& world
     });
     unsigned char* p = checkpoint.payload.data();
     for (const auto& part : state) {
-      Kokkos::deep_copy(part, PayloadFloats(reinterpret_cast<float*>(p), part.size()));
-      p += part.size() * sizeof(float);
+      const PayloadFloats floats(reinterpret_cast<float*>(p), whole_floats(part));
+      if (part.sharded) {  // this rank's pieces of the whole
+        const auto whole = context.template allocate<Kokkos::View<float*, Memory>>(floats.size());
+        Kokkos::deep_copy(whole.view(), floats);
+        shards->take_pieces(whole.data(), part.local.data());
+      } else {
+        Kokkos::deep_copy(part.local, floats);
+      }
+      p += floats.size() * sizeof(float);
     }
-    if constexpr (AdamW<Exec, T>::keeps_master_weights) optimizer.master_weights_changed();
+    if constexpr (AdamW<Exec, T>::keeps_master_weights) {
+      optimizer.master_weights_changed();
+      if (shards) shards->all_gather_parameters();
+    }
     first = resume.step;
     optimizer.set_steps(resume.optimizer_steps);
     if (scaling && resume.loss_scale > 0) {  // written by an fp16 run
@@ -289,8 +320,9 @@ TrainResult train(const TrainConfig& config, const parallel::Communicator& world
     if (out) *out << "resumed   from " << config.checkpoint << " at step " << first << "\n";
   }
   // The run's state as a checkpoint: the parameters and moments now, `next_step` and the random
-  // engine that will draw its batch. Every rank holds the whole state.
-  auto make_checkpoint = [&](int next_step, const std::mt19937_64& rng_at_step) {
+  // engine that will draw its batch. Every rank holds the whole state, or under ZeRO 1 its
+  // pieces: then this is collective, and only the rank that `keeps` the payload fills it.
+  auto make_checkpoint = [&](int next_step, const std::mt19937_64& rng_at_step, bool keeps = true) {
     Checkpoint checkpoint;
     std::ostringstream rng;
     rng << rng_at_step;
@@ -300,19 +332,28 @@ TrainResult train(const TrainConfig& config, const parallel::Communicator& world
       checkpoint.metadata["loss_scale"] = loss_scale;
       checkpoint.metadata["good_steps"] = good_steps;
     }
-    checkpoint.payload.resize(state_bytes);
+    if (keeps) checkpoint.payload.resize(state_bytes);
     unsigned char* p = checkpoint.payload.data();
     for (const auto& part : state) {
-      Kokkos::deep_copy(PayloadFloats(reinterpret_cast<float*>(p), part.size()), part);
-      p += part.size() * sizeof(float);
+      const PayloadFloats floats(reinterpret_cast<float*>(p), keeps ? whole_floats(part) : 0);
+      if (part.sharded) {
+        const auto whole = context.template allocate<Kokkos::View<float*, Memory>>(whole_floats(part));
+        shards->gather(part.local.data(), whole.data());
+        if (keeps) Kokkos::deep_copy(floats, whole.view());
+      } else if (keeps) {
+        Kokkos::deep_copy(floats, part.local);
+      }
+      p += floats.size() * sizeof(float);
     }
     return checkpoint;
   };
   auto save = [&](int next_step) {
-    // Rank 0 writes (every rank holds the same parameters and moments); `checked` makes a failed
-    // write fail every rank, and no rank goes on before the file is complete.
+    // Rank 0 writes (every rank holds the same parameters; under ZeRO 1 the others send it their
+    // pieces of AdamW's state); `checked` makes a failed write fail every rank, and no rank goes
+    // on before the file is complete.
     world.checked(program, [&] {
-      if (world.rank() == 0) write_checkpoint(config.checkpoint, make_checkpoint(next_step, train_rng));
+      const Checkpoint checkpoint = make_checkpoint(next_step, train_rng, world.rank() == 0);
+      if (world.rank() == 0) write_checkpoint(config.checkpoint, checkpoint);
     });
     if (out) *out << "checkpoint step " << next_step << " -> " << config.checkpoint << "\n";
   };
@@ -325,6 +366,9 @@ TrainResult train(const TrainConfig& config, const parallel::Communicator& world
                           ": " + error + ". ";
     if (config.checkpoint.empty()) {
       message += "Nothing saved (no --checkpoint).";
+    } else if (shards) {
+      message += "Nothing saved: under --zero 1 AdamW's state is spread over the ranks, and this rank cannot "
+                 "collect it alone; resume from the last checkpoint in " + config.checkpoint + ", if any.";
     } else {
       try {
         write_checkpoint(config.checkpoint, make_checkpoint(step, rng_at_step),
@@ -348,14 +392,23 @@ TrainResult train(const TrainConfig& config, const parallel::Communicator& world
   result.micro_batches = micro_batches;
   result.parameters = model.parameter_count();
   // Values (T), and in float the gradients, two moments and for 16-bit T the master weights.
-  result.model_state_bytes =
-      result.parameters * (sizeof(T) + sizeof(float) * (AdamW<Exec, T>::keeps_master_weights ? 4 : 3));
+  const std::size_t optimizer_elements = shards ? shards->piece_elements() : result.parameters;
+  result.model_state_bytes = result.parameters * (sizeof(T) + sizeof(float)) +
+                             optimizer_elements * sizeof(float) * (AdamW<Exec, T>::keeps_master_weights ? 3 : 2);
   result.flops_per_step = model.flops_per_step(config.batch);
   result.peak_gflops = config.peak_gflops;
   if (result.peak_gflops == 0) {
     world.barrier();
     double mine = measure_fma_peak(context.exec(), 0.3).gflops();
     world.all_reduce(&mine, &result.peak_gflops, 1, parallel::DataType::float64, parallel::ReduceOp::sum);
+  }
+  std::string prediction_error;
+  try {
+    const plan::Estimate predicted = planner_estimate(config, world.size());
+    result.predicted_memory_bytes = predicted.memory_total;
+    for (const plan::Term& term : predicted.memory) result.predicted_memory.emplace_back(term.name, term.value);
+  } catch (const Error& error) {
+    prediction_error = error.what();
   }
   if (out) {
     *out << "model     " << config.model.layers << " layers, embed " << config.model.embed << ", " << config.model.heads
@@ -373,12 +426,27 @@ TrainResult train(const TrainConfig& config, const parallel::Communicator& world
          << (micro_batches > 1 ? "es" : "") << " of " << micro_batch << " per rank\n"
          << "memory    recompute " << to_string(config.model.recompute) << "; precision " << to_string(config.precision)
          << "; gradients all-reduced in "
-         << (config.grad_reduce == GradientReduce::model ? to_string(config.precision) : "fp32");
+         << (config.grad_reduce == GradientReduce::model ? to_string(config.precision) : "fp32")
+         << "; ZeRO " << config.zero
+         << (shards ? " (AdamW's state sharded over " + std::to_string(world.size()) + " ranks)" : "");
     if (scaling) *out << ", loss scale " << loss_scale;
     *out << "\n"
          << "compute   " << std::fixed << std::setprecision(2) << result.flops_per_step * 1e-9 << " GFLOP per step; "
          << "FMA peak of the ranks' cores " << std::setprecision(1) << result.peak_gflops << " GFLOP/s"
          << (config.peak_gflops > 0 ? " (given)" : " (measured)") << "\n";
+    const auto mib = [](double bytes) { return bytes / double(1 << 20); };
+    if (prediction_error.empty()) {
+      *out << "planner   longattn-plan predicts " << std::setprecision(1) << mib(result.predicted_memory_bytes)
+           << " MiB per rank (";
+      const char* separator = "";
+      for (const auto& [name, bytes] : result.predicted_memory) {
+        *out << separator << name << " " << mib(bytes);
+        separator = ", ";
+      }
+      *out << " MiB)\n";
+    } else {
+      *out << "planner   longattn-plan cannot describe this run: " << prediction_error << "\n";
+    }
   }
 
   auto global_sum = [&](double mine) {
@@ -448,6 +516,11 @@ TrainResult train(const TrainConfig& config, const parallel::Communicator& world
     r.lr = learning_rate(config.optimizer, step, config.steps);
     r.loss_scale = loss_scale;
     r.gradient_norm = optimizer.step(r.lr, loss_scale);  // every rank: the same all-reduced gradients
+    if (shards && std::isfinite(r.gradient_norm)) {
+      const Clock::time_point gather = Clock::now();
+      shards->all_gather_parameters();
+      communication += seconds_since(gather);
+    }
     if (!std::isfinite(r.gradient_norm)) {
       if (!scaling) {
         const std::string where = diagnosis();

@@ -11,13 +11,17 @@
 // 16-bit storage (T = bfloat16 or float16; its gradients are float) AdamW keeps fp32 master
 // weights, updates them and writes their rounded values into the model's parameters (mixed
 // precision). step() takes the loss scale the gradients carry and divides it out; with a
-// non-finite gradient it changes nothing (fp16 loss scaling skips that step).
+// non-finite gradient it changes nothing (fp16 loss scaling skips that step). Under ZeRO 1
+// (zero.hpp) each rank's AdamW has its shard of the groups, and `squares_over_ranks` sums the
+// squared gradient norm over the ranks so that every rank clips by the same global norm.
 #pragma once
 
 #include <Kokkos_Core.hpp>
 
 #include <cmath>
 #include <cstdint>
+#include <functional>
+#include <utility>
 #include <vector>
 
 #include "longattn/core/convert.hpp"
@@ -51,8 +55,13 @@ class AdamW {
   using Context = ExecutionContext<ExecSpace>;
   static constexpr bool keeps_master_weights = is_half_v<T>;
 
-  AdamW(const Context& context, const OptimizerConfig& config, const std::vector<ParameterGroup<T>>& groups)
-      : context_(context), config_(config), groups_(groups) {
+  // The sum over the ranks sharing the parameters of each rank's squared gradient norm; empty:
+  // this rank's groups are all of them.
+  using SquaresOverRanks = std::function<double(double)>;
+
+  AdamW(const Context& context, const OptimizerConfig& config, const std::vector<ParameterGroup<T>>& groups,
+        SquaresOverRanks squares_over_ranks = {})
+      : context_(context), config_(config), groups_(groups), squares_over_ranks_(std::move(squares_over_ranks)) {
     validate(config);
     std::size_t total = 0;
     for (const auto& g : groups_) total += g.count;
@@ -72,7 +81,8 @@ class AdamW {
   AdamW(const OptimizerConfig& config, const std::vector<ParameterGroup<T>>& groups)
       : AdamW(Context(), config, groups) {}
 
-  // The gradients' global norm (every rank holds the same, all-reduced gradients).
+  // The gradients' global norm (every rank holds the same, all-reduced gradients). Collective
+  // over the ranks when squares_over_ranks was given.
   double gradient_norm() const {
     double squares = 0;
     for (const auto& g : groups_) {
@@ -83,7 +93,7 @@ class AdamW {
           KOKKOS_LAMBDA(std::int64_t i, double& s) { s += double(grad[i]) * double(grad[i]); }, sum);
       squares += sum;
     }
-    return std::sqrt(squares);
+    return std::sqrt(squares_over_ranks_ ? squares_over_ranks_(squares) : squares);
   }
 
   // One update at learning rate lr of gradients that carry a factor loss_scale; returns the
@@ -154,6 +164,7 @@ class AdamW {
   Context context_;
   OptimizerConfig config_;
   std::vector<ParameterGroup<T>> groups_;
+  SquaresOverRanks squares_over_ranks_;
   memory::PooledView<Flat> m_, v_, master_;  // master_: 16-bit parameters only
   std::int64_t steps_ = 0;
 };

@@ -7,7 +7,8 @@
 //   (or distributed dilated attention); a rank runs its batch / dp sequences as micro-batches of
 //   `micro_batch` sequences, forward and backward each, accumulating gradients; during the last
 //   micro-batch's backward every rank's parameter gradients are summed over the world by the
-//   bucketed hierarchical all-reduce; every rank then takes the same AdamW step.
+//   bucketed hierarchical all-reduce; every rank then takes the same AdamW step (with ZeRO 1:
+//   each rank updates its shard of the parameters, and an all-gather gives every rank all of them).
 //
 // The loss is the mean over the global batch's weighted tokens whatever dp and cp are, so a run
 // gives the same losses on any grid (up to rounding). The model, its gradients and the
@@ -20,6 +21,7 @@
 #include <nlohmann/json.hpp>
 #include <ostream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "longattn/parallel/communicator.hpp"
@@ -63,6 +65,7 @@ struct TrainConfig {
   std::int64_t batch = 16;          // sequences per step, over all data-parallel groups
   std::int64_t micro_batch = 0;     // sequences per forward/backward on a rank; 0: all its batch / dp
   int cp = 1;                       // context-parallel ranks per sequence; dp = ranks / cp
+  int zero = 0;                     // ZeRO stage: 0, or 1 (AdamW's state sharded over the ranks, zero.hpp)
   std::uint64_t data_seed = 1;      // the train and validation batches
   int eval_every = 20;              // steps between validation losses (0: only at the end)
   int eval_batches = 4;             // global batches per validation
@@ -98,9 +101,14 @@ struct TrainResult {
   int dp = 1, cp = 1, first_step = 1;  // first_step > 1: resumed
   std::int64_t micro_batches = 1;      // per step on each rank
   std::size_t parameters = 0;
-  std::size_t model_state_bytes = 0;   // parameters, their gradients and AdamW's moments, per rank
+  std::size_t model_state_bytes = 0;   // parameters, their gradients and AdamW's state (its shard
+                                       // under ZeRO 1), per rank
   std::size_t bucket_bytes = 0;        // the gradient all-reduce's buffers, per rank
   double flops_per_step = 0, peak_gflops = 0;
+  // longattn-plan's memory per rank for this run (prediction.hpp), its terms by name; none when
+  // the planner cannot describe the run.
+  double predicted_memory_bytes = 0;
+  std::vector<std::pair<std::string, double>> predicted_memory;
   std::vector<StepRecord> steps;
   std::vector<EvalRecord> evals;
   nlohmann::json to_json(const TrainConfig& config) const;
@@ -109,7 +117,8 @@ struct TrainResult {
 // Collective over `world`. Rank 0 prints to `log` (nullptr: nothing). A step that fails on a
 // rank (the memory limit reached, any longattn::Error before the optimizer's update) ends the
 // run from that rank: it writes the last good state, the step's start, to config.checkpoint
-// when there is one, then throws longattn::Error (one rank) or ends the job with MPI_Abort
+// when there is one (not under ZeRO 1 with several ranks: no rank holds all of AdamW's state),
+// then throws longattn::Error (one rank) or ends the job with MPI_Abort
 // (several: the others may be waiting for it in a collective), its message naming the error,
 // the step and the checkpoint. Built for
 // Kokkos::DefaultExecutionSpace (src/trainer.cpp), the model in float, bfloat16 or float16 as

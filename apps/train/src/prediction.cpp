@@ -1,0 +1,38 @@
+#include "longattn/train/prediction.hpp"
+
+#include "longattn/core/attention_spec.hpp"
+
+namespace longattn::train {
+
+plan::Estimate planner_estimate(const TrainConfig& c, int ranks) {
+  plan::Plan p;
+  p.model.layers = c.model.layers;
+  p.model.hidden = c.model.embed;
+  p.model.heads = c.model.heads;
+  p.model.ffn = c.model.hidden();
+  p.model.vocabulary = ModelConfig::vocab;
+  p.model.sequence = c.model.context;
+  p.model.attention = to_string(c.model.attention);
+  p.model.causal = true;
+  p.model.positions = plan::Positions::learned;
+  p.training.global_batch_tokens = c.batch * c.model.context;
+  p.training.tokens = double(c.steps) * double(p.training.global_batch_tokens);
+  p.training.precision = c.precision == Precision::fp32   ? plan::Precision::fp32
+                         : c.precision == Precision::bf16 ? plan::Precision::bf16
+                                                          : plan::Precision::fp16;
+  p.training.optimizer = plan::Optimizer::adam;
+  p.training.recompute = c.model.recompute == Recompute::none        ? plan::Recompute::none
+                         : c.model.recompute == Recompute::selective ? plan::Recompute::selective
+                                                                     : plan::Recompute::full;
+  // The devices only set what fits and how fast; the memory per rank does not depend on them.
+  p.cluster.gpus = ranks;
+  p.cluster.gpu.gpus_per_node = ranks;
+  p.layout.context = c.cp;
+  p.layout.data = ranks / c.cp;
+  p.layout.zero_stage = c.zero;
+  const std::int64_t per_rank = c.batch / p.layout.data;
+  p.layout.micro_batch = c.micro_batch > 0 ? c.micro_batch : per_rank;
+  return plan::estimate(p);
+}
+
+}  // namespace longattn::train
