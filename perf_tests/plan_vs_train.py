@@ -15,11 +15,9 @@ longattn-train unchanged.
   plan_vs_train.py build/test/apps/train/longattn-train [--steps 2] -- --layers 4 ...
 """
 import argparse
-import json
-import os
-import subprocess
 import sys
-import tempfile
+
+from train_runs import run_training
 
 # ranks, then longattn-train options: dp x cp, ZeRO, recomputation, precision, micro-batches.
 LAYOUTS = [
@@ -36,23 +34,6 @@ LAYOUTS = [
 ]
 
 
-def run(program, ranks, layout, steps, args):
-    with tempfile.TemporaryDirectory() as tmp:
-        summary = os.path.join(tmp, "summary.json")
-        threads = max(1, (os.cpu_count() or 1) // ranks)
-        env = dict(os.environ, OMP_NUM_THREADS=str(threads), OMP_PROC_BIND="false",
-                   OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-        command = [program, "--quiet", "--eval-every", "0", "--peak-gflops", "1", "--steps", str(steps),
-                   "--json", summary] + args + layout
-        if ranks > 1:
-            command = ["mpiexec", "-n", str(ranks), "--oversubscribe", "--bind-to", "none",
-                       "-x", "OMP_NUM_THREADS", "-x", "OMP_PROC_BIND"] + command
-        done = subprocess.run(command, env=env, capture_output=True, text=True)
-        if done.returncode != 0:
-            sys.exit(f"plan_vs_train.py: {' '.join(command)} failed:\n{done.stdout}{done.stderr}")
-        return json.load(open(summary))
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog="-- then longattn-train options")
     parser.add_argument("program", help="the longattn-train binary")
@@ -67,7 +48,7 @@ def main():
     print("|---|---|---|---|---|---|---|---|")
     worst = 0.0
     for ranks, layout in LAYOUTS:
-        j = run(options.program, ranks, layout, options.steps, extra)
+        j = run_training(options.program, ranks, ["--steps", str(options.steps)] + extra + layout, "plan_vs_train.py")
         p = j["predicted_memory"]
         measured = j["summary"]["memory_bytes"]
         predicted = j["predicted_memory_bytes"]

@@ -17,30 +17,16 @@ waits). Options after `--` go to longattn-train unchanged (model size, attention
       -- --batch 16 ...
 """
 import argparse
-import json
-import os
 import statistics
-import subprocess
 import sys
-import tempfile
+
+from train_runs import run_training
 
 
 def run(program, ranks, precision, recompute, micro_batch, grad_reduce, args):
-    with tempfile.TemporaryDirectory() as tmp:
-        summary = os.path.join(tmp, "summary.json")
-        threads = max(1, (os.cpu_count() or 1) // ranks)
-        env = dict(os.environ, OMP_NUM_THREADS=str(threads), OMP_PROC_BIND="false",
-                   OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-        command = [program, "--quiet", "--eval-every", "0", "--peak-gflops", "1", "--json", summary,
-                   "--precision", precision, "--recompute", recompute, "--micro-batch", str(micro_batch),
-                   "--grad-reduce", grad_reduce] + args
-        if ranks > 1:
-            command = ["mpiexec", "-n", str(ranks), "--oversubscribe", "--bind-to", "none",
-                       "-x", "OMP_NUM_THREADS", "-x", "OMP_PROC_BIND"] + command
-        done = subprocess.run(command, env=env, capture_output=True, text=True)
-        if done.returncode != 0:
-            sys.exit(f"train_modes.py: {' '.join(command)} failed:\n{done.stdout}{done.stderr}")
-        return json.load(open(summary))
+    return run_training(program, ranks, ["--precision", precision, "--recompute", recompute,
+                                         "--micro-batch", str(micro_batch), "--grad-reduce", grad_reduce] + args,
+                        "train_modes.py")
 
 
 def main():

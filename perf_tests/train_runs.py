@@ -1,0 +1,26 @@
+"""longattn-train runs shared by the training scripts."""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+
+def run_training(program, ranks, args, script):
+    """Runs `program` (longattn-train) on `ranks` MPI ranks (the cores shared among them, as
+    OpenMP threads) with `args`, quiet, no validation, the FMA peak not measured; returns its
+    JSON summary. A failed run ends `script` with the command and its output."""
+    with tempfile.TemporaryDirectory() as tmp:
+        summary = os.path.join(tmp, "summary.json")
+        threads = max(1, (os.cpu_count() or 1) // ranks)
+        env = dict(os.environ, OMP_NUM_THREADS=str(threads), OMP_PROC_BIND="false",
+                   OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+        command = [program, "--quiet", "--eval-every", "0", "--peak-gflops", "1", "--json", summary] + args
+        if ranks > 1:
+            command = ["mpiexec", "-n", str(ranks), "--oversubscribe", "--bind-to", "none",
+                       "-x", "OMP_NUM_THREADS", "-x", "OMP_PROC_BIND"] + command
+        done = subprocess.run(command, env=env, capture_output=True, text=True)
+        if done.returncode != 0:
+            sys.exit(f"{script}: {' '.join(command)} failed:\n{done.stdout}{done.stderr}")
+        with open(summary) as f:
+            return json.load(f)
