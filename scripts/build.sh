@@ -21,12 +21,16 @@ if [ "${LONGATTN_CUDA:-0}" = 1 ]; then
   cmake_args+=(-DLONGATTN_ENABLE_CUDA=ON "-DCMAKE_CXX_COMPILER=$deps/bin/nvcc_wrapper")
 fi
 
-# ccache, where installed, for the host compilers (not nvcc): paths under the repository are
-# hashed relative to it, so a fresh clone reuses what an earlier one compiled. LONGATTN_CCACHE=0
-# turns it off.
-if [ "${LONGATTN_CCACHE:-1}" = 1 ] && [ "${LONGATTN_CUDA:-0}" != 1 ] && command -v ccache > /dev/null; then
+# ccache, where installed: paths under the repository are hashed relative to it, so a fresh
+# clone reuses what an earlier one compiled. LONGATTN_CCACHE=0 turns it off. nvcc_wrapper takes
+# GCC's options; ccache's depend mode hashes every file its dependency list names (never the
+# host-only preprocessor output, which would miss a change inside `#ifdef __CUDA_ARCH__`).
+if [ "${LONGATTN_CCACHE:-1}" = 1 ] && command -v ccache > /dev/null; then
   export CCACHE_BASEDIR="$root"
   cmake_args+=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
+  if [ "${LONGATTN_CUDA:-0}" = 1 ]; then
+    export CCACHE_COMPILERTYPE=gcc CCACHE_DEPEND=1
+  fi
 fi
 cmake -S "$root" -B "$build_dir" "-DCMAKE_PREFIX_PATH=$deps" "${cmake_args[@]}" "$@" >&2
 targets=()
