@@ -17,12 +17,10 @@
 #include <Kokkos_Core.hpp>
 
 #include <algorithm>
-#include <cstdint>
-#include <string>
+#include <cstddef>
 #include <vector>
 
 #include "longattn/core/execution_context.hpp"
-#include "longattn/error.hpp"
 #include "longattn/parallel/communicator.hpp"
 #include "longattn/train/model.hpp"
 
@@ -59,7 +57,6 @@ class ParameterShards {
   }
   // The elements of all groups: the length of a whole vector for gather() / take_pieces().
   std::size_t whole_elements() const { return whole_count_; }
-  const parallel::Communicator& ranks() const { return ranks_; }
 
   // The sum over the ranks of each rank's squared gradient norm of its pieces.
   double sum_squares_over_ranks(double mine) const {
