@@ -16,27 +16,17 @@ virtual environment); nothing in the build or the tests uses it.
   with_torch.sh build/release compare_train.py [--ranks 2] [--steps 8] [--repeat 2]
 """
 import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
+
+from train_runs import run_training
 
 
 def longattn_step_seconds(program, ranks, threads, args):
-    with tempfile.TemporaryDirectory() as tmp:
-        summary = os.path.join(tmp, "summary.json")
-        env = dict(os.environ, OMP_NUM_THREADS=str(threads), OMP_PROC_BIND="false",
-                   OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-        command = [program, "--quiet", "--eval-every", "0", "--peak-gflops", "1", "--json", summary] + args
-        if ranks > 1:
-            command = ["mpiexec", "-n", str(ranks), "--oversubscribe", "--bind-to", "none",
-                       "-x", "OMP_NUM_THREADS", "-x", "OMP_PROC_BIND"] + command
-        subprocess.run(command, env=env, check=True, capture_output=True, text=True)
-        steps = json.load(open(summary))["steps"]
-        return statistics.median(s["seconds"] for s in steps[1:]), json.load(open(summary))["flops_per_step"]
+    summary = run_training(program, ranks, args, "compare_train.py", threads)
+    return statistics.median(s["seconds"] for s in summary["steps"][1:]), summary["flops_per_step"]
 
 
 def torch_step_seconds(torch, threads, layers, embed, heads, context, batch, steps):

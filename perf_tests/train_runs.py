@@ -6,13 +6,14 @@ import sys
 import tempfile
 
 
-def run_training(program, ranks, args, script):
-    """Runs `program` (longattn-train) on `ranks` MPI ranks (the cores shared among them, as
-    OpenMP threads) with `args`, quiet, no validation, the FMA peak not measured; returns its
-    JSON summary. A failed run ends `script` with the command and its output."""
+def run_training(program, ranks, args, script, threads=None):
+    """Runs `program` (longattn-train) on `ranks` MPI ranks of `threads` OpenMP threads each
+    (default: the cores shared among them) with `args`, quiet, no validation, the FMA peak not
+    measured; returns its JSON summary. A failed run ends `script` with the command and its
+    output."""
     with tempfile.TemporaryDirectory() as tmp:
         summary = os.path.join(tmp, "summary.json")
-        threads = max(1, (os.cpu_count() or 1) // ranks)
+        threads = threads or max(1, (os.cpu_count() or 1) // ranks)
         env = dict(os.environ, OMP_NUM_THREADS=str(threads), OMP_PROC_BIND="false",
                    OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
         command = [program, "--quiet", "--eval-every", "0", "--peak-gflops", "1", "--json", summary] + args
