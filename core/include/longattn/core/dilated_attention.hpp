@@ -136,10 +136,12 @@ using StridedRows = Kokkos::View<typename View::value_type***, Kokkos::LayoutStr
 
 // x [B, N, H, D] -> the run's tokens of batch entry b and the pass's heads, as
 // [segments, selected tokens, heads, D]: a view, no copy.
+// The first element is found by its offset, not by x(...): the host may not touch device memory.
 template <class View>
 StridedView<View> select_tokens(const View& x, int b, const Pass& pass, const SegmentRun& run) {
   const std::size_t token_stride = x.stride(1);
-  return StridedView<View>(&x(b, run.first + pass.offset, pass.head_first, 0),
+  return StridedView<View>(x.data() + b * x.stride(0) + (run.first + pass.offset) * token_stride +
+                               pass.head_first * x.stride(2),
                            Kokkos::LayoutStride(run.segments, pass.segment * token_stride, run.tokens,
                                                 pass.rate * token_stride, pass.head_count,
                                                 pass.head_step * x.stride(2), x.extent(3), x.stride(3)));
@@ -149,7 +151,8 @@ StridedView<View> select_tokens(const View& x, int b, const Pass& pass, const Se
 template <class View>
 StridedRows<View> select_rows(const View& lse, int b, const Pass& pass, const SegmentRun& run) {
   const std::size_t token_stride = lse.stride(2);
-  return StridedRows<View>(&lse(b, pass.head_first, run.first + pass.offset),
+  return StridedRows<View>(lse.data() + b * lse.stride(0) + pass.head_first * lse.stride(1) +
+                               (run.first + pass.offset) * token_stride,
                            Kokkos::LayoutStride(run.segments, pass.segment * token_stride, pass.head_count,
                                                 pass.head_step * lse.stride(1), run.tokens,
                                                 pass.rate * token_stride));
