@@ -11,7 +11,8 @@
 // 5 are counted). Bytes: the minimum a pass must move, every tensor once (forward: read q, k,
 // v, write o and lse; backward: read q, k, v, o, dO, lse, write dq, dk, dv).
 // fraction_of_peak divides by the FMA peak of all cores, measured at start-up the way
-// longattn-info measures it.
+// longattn-info measures it. A CUDA build also runs the dense and dilated benchmarks on the GPU
+// (named <..., Kokkos::Cuda>), against the GPU's FP32 FMA peak measured the same way.
 #include <benchmark/benchmark.h>
 
 #include <Kokkos_Random.hpp>
@@ -30,27 +31,35 @@ namespace {
 
 using Exec = Kokkos::DefaultHostExecutionSpace;
 
-double fma_peak_gflops_all_cores = 0;
+// The FP32 FMA peak of each execution space the benchmarks run on, measured in main.
+template <class Space>
+double fma_peak_gflops = 0;
 
-// The tensors of one attention call, stored as T (float, or a 16-bit type: bfloat16 benchmarks
-// are named <longattn::bfloat16>); lse in accumulate_t<T>.
-template <class T = float>
+// The tensors of one attention call on Space, stored as T (float, or a 16-bit type: bfloat16
+// benchmarks are named <longattn::bfloat16>); lse in accumulate_t<T>.
+template <class T = float, class Space = Exec>
 struct Problem {
-  using Tensor = Kokkos::View<T****, Kokkos::LayoutRight, Exec::memory_space>;
-  using Rows = Kokkos::View<longattn::accumulate_t<T>***, Kokkos::LayoutRight, Exec::memory_space>;
+  using Tensor = Kokkos::View<T****, Kokkos::LayoutRight, typename Space::memory_space>;
+  using Rows = Kokkos::View<longattn::accumulate_t<T>***, Kokkos::LayoutRight, typename Space::memory_space>;
   Tensor q, k, v, o, d_o, dq, dk, dv;
   Rows lse;
+  struct Convert {  // a functor: CUDA allows no device lambda in a constructor
+    T* to;
+    const float* from;
+    KOKKOS_FUNCTION void operator()(std::size_t i) const { to[i] = T(from[i]); }
+  };
   Problem(int batch, int tokens, int heads, int head_dim)
       : q("q", batch, tokens, heads, head_dim), k("k", batch, tokens, heads, head_dim),
         v("v", batch, tokens, heads, head_dim), o("o", batch, tokens, heads, head_dim),
         d_o("do", batch, tokens, heads, head_dim), dq("dq", batch, tokens, heads, head_dim),
         dk("dk", batch, tokens, heads, head_dim), dv("dv", batch, tokens, heads, head_dim),
         lse("lse", batch, heads, tokens) {
-    Kokkos::Random_XorShift64_Pool<Exec> pool(2026);
-    Kokkos::View<float****, Kokkos::LayoutRight, Exec::memory_space> values("values", batch, tokens, heads, head_dim);
+    Kokkos::Random_XorShift64_Pool<Space> pool(2026);
+    Kokkos::View<float****, Kokkos::LayoutRight, typename Space::memory_space> values("values", batch, tokens, heads,
+                                                                                     head_dim);
     for (const Tensor& x : {q, k, v, d_o}) {
       Kokkos::fill_random(values, pool, -1.0f, 1.0f);
-      Kokkos::parallel_for(Kokkos::RangePolicy<Exec>(0, x.span()), [=](std::size_t i) { x.data()[i] = T(values.data()[i]); });
+      Kokkos::parallel_for(Kokkos::RangePolicy<Space>(0, x.span()), Convert{x.data(), values.data()});
     }
   }
 };
@@ -59,11 +68,12 @@ double forward_flops(int batch, int tokens, int heads, int head_dim, bool causal
   return 4.0 * batch * heads * double(tokens) * tokens * head_dim / (causal ? 2 : 1);
 }
 
+template <class Space = Exec>
 void set_counters(benchmark::State& state, double flops, double bytes, double seconds) {
   state.counters["FLOP/s"] = benchmark::Counter(flops, benchmark::Counter::kIsRate);
   if (bytes > 0) state.counters["bytes/s"] = benchmark::Counter(bytes, benchmark::Counter::kIsRate);
-  state.counters["fraction_of_peak"] = flops / seconds * 1e-9 / fma_peak_gflops_all_cores;
-  state.counters["threads"] = Exec().concurrency();
+  state.counters["fraction_of_peak"] = flops / seconds * 1e-9 / fma_peak_gflops<Space>;
+  state.counters["threads"] = Space().concurrency();
 }
 
 // Runs step() once per iteration; the seconds measured. A warm-up step first (scratch, first
@@ -76,36 +86,36 @@ double time_steps(benchmark::State& state, Step&& step) {
   return timer.seconds();
 }
 
-// Args: {N, D, causal}; B = 1, H = 8. T: the tensors' storage type.
-template <class T>
+// Args: {N, D, causal}; B = 1, H = 8. T: the tensors' storage type; Space: where they run.
+template <class T, class Space = Exec>
 void BM_AttentionForward(benchmark::State& state) {
   const int N = int(state.range(0)), D = int(state.range(1)), H = 8;
   longattn::AttentionOptions opts;
   opts.causal = state.range(2) != 0;
-  Problem<T> p(1, N, H, D);
+  Problem<T, Space> p(1, N, H, D);
   const double seconds = time_steps(state, [&] {
-    longattn::attention_forward(Exec(), p.q, p.k, p.v, p.o, p.lse, opts);
+    longattn::attention_forward(Space(), p.q, p.k, p.v, p.o, p.lse, opts);
     Kokkos::fence();
   });
   const double n = state.iterations();
-  set_counters(state, n * forward_flops(1, N, H, D, opts.causal),
-               n * (4.0 * N * H * D * sizeof(T) + H * N * sizeof(float)), seconds);
+  set_counters<Space>(state, n * forward_flops(1, N, H, D, opts.causal),
+                      n * (4.0 * N * H * D * sizeof(T) + H * N * sizeof(float)), seconds);
 }
 
-template <class T>
+template <class T, class Space = Exec>
 void BM_AttentionForwardBackward(benchmark::State& state) {
   const int N = int(state.range(0)), D = int(state.range(1)), H = 8;
   longattn::AttentionOptions opts;
   opts.causal = state.range(2) != 0;
-  Problem<T> p(1, N, H, D);
+  Problem<T, Space> p(1, N, H, D);
   const double seconds = time_steps(state, [&] {
-    longattn::attention_forward(Exec(), p.q, p.k, p.v, p.o, p.lse, opts);
-    longattn::attention_backward(Exec(), p.q, p.k, p.v, p.o, p.d_o, p.lse, p.dq, p.dk, p.dv, opts);
+    longattn::attention_forward(Space(), p.q, p.k, p.v, p.o, p.lse, opts);
+    longattn::attention_backward(Space(), p.q, p.k, p.v, p.o, p.d_o, p.lse, p.dq, p.dk, p.dv, opts);
     Kokkos::fence();
   });
   const double n = state.iterations();
-  set_counters(state, n * 3.5 * forward_flops(1, N, H, D, opts.causal),
-               n * (4.0 + 8.0) * N * H * D * sizeof(T) + n * 2.0 * H * N * sizeof(float), seconds);
+  set_counters<Space>(state, n * 3.5 * forward_flops(1, N, H, D, opts.causal),
+                      n * (4.0 + 8.0) * N * H * D * sizeof(T) + n * 2.0 * H * N * sizeof(float), seconds);
 }
 
 // The backward pass alone in each form (AttentionOptions::backward_passes). Args: {N, D, causal,
@@ -190,33 +200,37 @@ longattn::DilatedConfig dilated_config(const benchmark::State& state) {
   return {{2048, 4096, 8192}, {1, 2, 4}, state.range(1) ? longattn::DilatedMode::head_groups : longattn::DilatedMode::longnet};
 }
 
+template <class Space>
 void set_dilated_counters(benchmark::State& state, double flops_per_step, double seconds) {
   const double n = state.iterations(), tokens = double(state.range(0));
-  set_counters(state, n * flops_per_step, 0, seconds);  // bytes: not reported
+  set_counters<Space>(state, n * flops_per_step, 0, seconds);  // bytes: not reported
   state.counters["tokens/s"] = benchmark::Counter(n * tokens, benchmark::Counter::kIsRate);
   state.counters["ns_per_token"] = seconds / n / tokens * 1e9;
 }
 
 // One dilated step per iteration: forward, and backward too when `with_backward`.
+template <class Space>
 void run_dilated(benchmark::State& state, bool with_backward) {
   const int N = int(state.range(0)), H = 8, D = 64;
   const longattn::DilatedConfig config = dilated_config(state);
   longattn::AttentionOptions opts;
   opts.causal = state.range(2) != 0;
-  Problem<float> p(1, N, H, D);
+  Problem<float, Space> p(1, N, H, D);
   auto step = [&] {
-    longattn::dilated_attention_forward(Exec(), p.q, p.k, p.v, p.o, p.lse, config, opts);
+    longattn::dilated_attention_forward(Space(), p.q, p.k, p.v, p.o, p.lse, config, opts);
     if (with_backward)
-      longattn::dilated_attention_backward(Exec(), p.q, p.k, p.v, p.o, p.d_o, p.lse, p.dq, p.dk, p.dv, config, opts);
+      longattn::dilated_attention_backward(Space(), p.q, p.k, p.v, p.o, p.d_o, p.lse, p.dq, p.dk, p.dv, config, opts);
     Kokkos::fence();
   };
   const double seconds = time_steps(state, step);
   const double forward_flops = 4.0 * D * longattn::dilated_attention_scores(N, H, config, opts.causal);
-  set_dilated_counters(state, (with_backward ? 3.5 : 1.0) * forward_flops, seconds);
+  set_dilated_counters<Space>(state, (with_backward ? 3.5 : 1.0) * forward_flops, seconds);
 }
 
-void BM_DilatedForward(benchmark::State& state) { run_dilated(state, false); }
-void BM_DilatedForwardBackward(benchmark::State& state) { run_dilated(state, true); }
+template <class Space>
+void BM_DilatedForward(benchmark::State& state) { run_dilated<Space>(state, false); }
+template <class Space>
+void BM_DilatedForwardBackward(benchmark::State& state) { run_dilated<Space>(state, true); }
 
 // Block-sparse attention. Args: {N, pattern, density in percent (random only)}; B = 1, H = 8,
 // D = 64, not causal. Patterns, with parameters that scale with N:
@@ -328,10 +342,12 @@ BENCHMARK_TEMPLATE(BM_AttentionForwardBackward, longattn::bfloat16)
 // Dense at 32K: the baseline dilated attention is compared with in the same run.
 BENCHMARK_TEMPLATE(BM_AttentionForward, float)->Args({32768, 64, 0})->Iterations(1)->UseRealTime()->Unit(benchmark::kSecond);
 BENCHMARK_TEMPLATE(BM_AttentionForwardBackward, float)->Args({32768, 64, 0})->Iterations(1)->UseRealTime()->Unit(benchmark::kSecond);
-BENCHMARK(BM_DilatedForward)
+BENCHMARK(BM_DilatedForward<Exec>)
+    ->Name("BM_DilatedForward")
     ->ArgsProduct({{8192, 16384, 32768, 65536, 131072, 262144}, {0, 1}, {0}})
     ->UseRealTime()->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_DilatedForwardBackward)
+BENCHMARK(BM_DilatedForwardBackward<Exec>)
+    ->Name("BM_DilatedForwardBackward")
     ->ArgsProduct({{8192, 16384, 32768, 65536, 131072, 262144}, {0, 1}, {0}})
     ->UseRealTime()->Unit(benchmark::kMillisecond);
 // Block-sparse at 16K and 64K, and dense at 64K (16K is above): densities, then the named patterns.
@@ -349,14 +365,42 @@ BENCHMARK(BM_BlockSparseLayoutBuild)
     ->ArgsProduct({{16384, 65536}, {0}, {10}})
     ->ArgsProduct({{16384, 65536}, {1, 2, 3}, {0}})
     ->UseRealTime()->Unit(benchmark::kMillisecond);
+#ifdef KOKKOS_ENABLE_CUDA
+// The GPU: dense attention at N 1K..16K in fp32 and bf16, and dilated attention up to 256K.
+// Select them with --benchmark_filter=Cuda.
+BENCHMARK_TEMPLATE(BM_AttentionForward, float, Kokkos::Cuda)
+    ->ArgsProduct({{1024, 4096, 16384}, {64, 128}, {0, 1}})
+    ->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK_TEMPLATE(BM_AttentionForwardBackward, float, Kokkos::Cuda)
+    ->ArgsProduct({{1024, 4096, 16384}, {64, 128}, {0, 1}})
+    ->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK_TEMPLATE(BM_AttentionForward, longattn::bfloat16, Kokkos::Cuda)
+    ->ArgsProduct({{4096, 16384}, {64, 128}, {0, 1}})
+    ->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK_TEMPLATE(BM_AttentionForwardBackward, longattn::bfloat16, Kokkos::Cuda)
+    ->ArgsProduct({{4096, 16384}, {64, 128}, {0, 1}})
+    ->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_DilatedForward<Kokkos::Cuda>)
+    ->Name("BM_DilatedForward<Kokkos::Cuda>")
+    ->ArgsProduct({{65536, 262144}, {0}, {0}})
+    ->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_DilatedForwardBackward<Kokkos::Cuda>)
+    ->Name("BM_DilatedForwardBackward<Kokkos::Cuda>")
+    ->ArgsProduct({{65536, 262144}, {0}, {0}})
+    ->UseRealTime()->Unit(benchmark::kMillisecond);
+#endif
 BENCHMARK(BM_AttentionMemory)->Arg(4096)->Arg(16384)->Arg(65536)->Iterations(1)->UseRealTime()->Unit(benchmark::kSecond);
 
 int main(int argc, char* argv[]) {
   longattn::ScopeGuard guard(argc, argv, {/*select_blas_kernels=*/true});
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  fma_peak_gflops_all_cores = longattn::measure_fma_peak(Exec(), 0.3).gflops();
-  benchmark::AddCustomContext("fp32_fma_peak_all_cores_gflops", std::to_string(fma_peak_gflops_all_cores));
+  fma_peak_gflops<Exec> = longattn::measure_fma_peak(Exec(), 0.3).gflops();
+  benchmark::AddCustomContext("fp32_fma_peak_all_cores_gflops", std::to_string(fma_peak_gflops<Exec>));
+#ifdef KOKKOS_ENABLE_CUDA
+  fma_peak_gflops<Kokkos::Cuda> = longattn::measure_fma_peak(Kokkos::Cuda(), 0.3).gflops();
+  benchmark::AddCustomContext("fp32_fma_peak_gpu_gflops", std::to_string(fma_peak_gflops<Kokkos::Cuda>));
+#endif
   benchmark::AddCustomContext("threads", std::to_string(Exec().concurrency()));
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
