@@ -6,17 +6,17 @@ import sys
 import tempfile
 
 
-def run_training(program, ranks, args, script, threads=None):
+def run_training(program, ranks, args, script, threads=None, peak_gflops=1):
     """Runs `program` (longattn-train) on `ranks` MPI ranks of `threads` OpenMP threads each
-    (default: the cores shared among them) with `args`, quiet, no validation, the FMA peak not
-    measured; returns its JSON summary. A failed run ends `script` with the command and its
-    output."""
+    (default: the cores shared among them) with `args`, quiet, no validation, the FMA peak of
+    all ranks' cores given (not measured: 1 unless the caller knows it); returns its JSON
+    summary. A failed run ends `script` with the command and its output."""
     with tempfile.TemporaryDirectory() as tmp:
         summary = os.path.join(tmp, "summary.json")
         threads = threads or max(1, (os.cpu_count() or 1) // ranks)
         env = dict(os.environ, OMP_NUM_THREADS=str(threads), OMP_PROC_BIND="false",
                    OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-        command = [program, "--quiet", "--eval-every", "0", "--peak-gflops", "1", "--json", summary] + args
+        command = [program, "--quiet", "--eval-every", "0", "--peak-gflops", str(peak_gflops), "--json", summary] + args
         if ranks > 1:
             command = ["mpiexec", "-n", str(ranks), "--oversubscribe", "--bind-to", "none",
                        "-x", "OMP_NUM_THREADS", "-x", "OMP_PROC_BIND"] + command

@@ -19,7 +19,7 @@ import tempfile
 
 # One representative shape per kind (B = 1, H = 8, fp32): forward + backward.
 BENCHMARKS = {
-    "dense": "BM_AttentionForwardBackward/8192/128/1",       # N = 8192, D = 128, causal
+    "dense": "BM_AttentionForwardBackward<float>/8192/128/1",  # N = 8192, D = 128, causal
     "dilated": "BM_DilatedForwardBackward/65536/1/0",        # N = 64K, causal, longnet
     "block_sparse": "BM_BlockSparseForwardBackward/65536/0/10",  # N = 64K, density 10%
 }
@@ -53,6 +53,7 @@ def main():
         if not 0 < value <= 1:
             sys.exit(f"write_calibration.py: {name} reached {value:.3f} of the measured peak ({peak:.1f} GFLOP/s); "
                      "the peak probe underestimates this machine, re-run on a quiet machine")
+    efficiency["fp32_fma_peak_gflops"] = peak  # what the fractions divide by (plan_vs_train.py reads it)
     efficiency["source"] = (f"measured {datetime.date.today()}, {ceilings['cores']} cores, "
                             f"FP32 FMA peak {peak:.1f} GFLOP/s; " + ", ".join(f"{k}: {v}" for k, v in BENCHMARKS.items()))
     with open(out_path, "w") as f:

@@ -95,6 +95,10 @@ int main(int argc, char** argv) {
                  "machine's). A step that needs more stops the run with an error, after saving the last good "
                  "state to --checkpoint")->group("Training");
   app.add_option("--peak-gflops", c.peak_gflops, "FMA peak of all ranks' cores (0: measure at start)")->group("Output");
+  app.add_option("--calibration", c.calibration,
+                 "longattn-plan's measured efficiencies (perf_tests/write_calibration.py) for the compute time per step "
+                 "it predicts beside the measured one (default: the planner's assumed efficiencies)")
+      ->group("Output");
   app.add_flag("--quiet", c.quiet, "no per-step lines")->group("Output");
   app.add_option("--json", json_path, "write a JSON summary (every step, validation, totals) to this file")
       ->group("Output");
@@ -133,6 +137,14 @@ int main(int argc, char** argv) {
       if (predicted > 0)
         std::cout << "; longattn-plan predicted " << predicted / double(1 << 20) << " MiB (measured / predicted "
                   << std::setprecision(2) << measured / predicted << ")";
+      std::cout << "\n";
+      const double compute = summary["steady_compute_seconds"].get<double>();
+      std::cout << "time      " << std::setprecision(3) << compute
+                << " s per step after the first, less communication";
+      if (result.predicted_compute_seconds > 0)
+        std::cout << "; longattn-plan predicted " << result.predicted_compute_seconds << " s of compute ("
+                  << result.predicted_efficiency << "; measured / predicted " << std::setprecision(2)
+                  << compute / result.predicted_compute_seconds << ")";
       std::cout << "\n";
     }
   } catch (const longattn::Error& error) {

@@ -350,7 +350,7 @@ TEST_CASE("a checkpoint written under ZeRO 1 resumes on one rank without it, and
 
 // The run reports longattn-plan's memory for its own layout: the planner's estimate of the same
 // model, precision, recomputation, grid, ZeRO stage and micro-batch, built here by hand.
-TEST_CASE("a run carries longattn-plan's memory prediction for its layout", "[train][plan]") {
+TEST_CASE("a run carries longattn-plan's memory and compute-time prediction for its layout", "[train][plan]") {
   const auto world = test::throwing_world();
   TrainConfig c = tiny_config();
   c.steps = 1;
@@ -358,7 +358,14 @@ TEST_CASE("a run carries longattn-plan's memory prediction for its layout", "[tr
   c.model.recompute = Recompute::selective;
   c.micro_batch = world.size() <= 2 ? 2 : 1;
   c.zero = world.size() > 1 ? 1 : 0;
+  c.peak_gflops = 100;  // all ranks' cores: each rank a "device" of 100 / ranks
+  c.calibration = shared_path("calibration.json");
+  if (world.rank() == 0)
+    std::ofstream(c.calibration) << R"({"matmul": 0.5, "attention": {"dense": 0.25, "dilated": 0.3, "block_sparse": 0.35}})";
+  world.barrier();
   const TrainResult r = run_training(c, world, nullptr);
+  world.barrier();
+  if (world.rank() == 0) std::filesystem::remove(c.calibration);
   plan::Plan p;
   p.model.layers = 2;
   p.model.hidden = 32;
@@ -373,7 +380,13 @@ TEST_CASE("a run carries longattn-plan's memory prediction for its layout", "[tr
   p.layout.data = world.size();
   p.layout.zero_stage = c.zero;
   p.layout.micro_batch = c.micro_batch;
+  p.cluster.gpu.peak_flops_tf32 = p.cluster.gpu.peak_flops_16bit = 100e9 / world.size();
+  p.efficiency = {0.5, 0.25, 0.3, 0.35, "test"};
   const plan::Estimate expected = plan::estimate(p);
+  // compute = hardware FLOPs / (all the ranks' peak x efficiency): matmul at 0.5, dense attention at 0.25
+  CHECK(r.predicted_compute_seconds == Approx(time_term(expected, "compute")).epsilon(1e-12));
+  CHECK(r.predicted_compute_seconds > expected.hardware_flops_per_step / 100e9 / 0.5);
+  CHECK(r.predicted_compute_seconds < expected.hardware_flops_per_step / 100e9 / 0.25);
   CHECK(r.predicted_memory_bytes == Approx(expected.memory_total).epsilon(1e-12));
   REQUIRE(r.predicted_memory.size() == expected.memory.size());
   for (std::size_t i = 0; i < expected.memory.size(); ++i) {

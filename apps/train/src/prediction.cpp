@@ -4,7 +4,7 @@
 
 namespace longattn::train {
 
-plan::Estimate planner_estimate(const TrainConfig& c, int ranks) {
+plan::Estimate planner_estimate(const TrainConfig& c, int ranks, double peak_flops) {
   plan::Plan p;
   p.model.layers = c.model.layers;
   p.model.hidden = c.model.embed;
@@ -27,12 +27,23 @@ plan::Estimate planner_estimate(const TrainConfig& c, int ranks) {
   // The devices only set what fits and how fast; the memory per rank does not depend on them.
   p.cluster.gpus = ranks;
   p.cluster.gpu.gpus_per_node = ranks;
+  if (peak_flops > 0) {  // each rank a "GPU" of its cores' FMA peak, in every precision (no tensor cores)
+    p.cluster.gpu.name = "the ranks' cores";
+    p.cluster.gpu.peak_flops_tf32 = p.cluster.gpu.peak_flops_16bit = peak_flops / ranks;
+  }
+  if (!c.calibration.empty()) p.efficiency = plan::read_calibration(c.calibration);
   p.layout.context = c.cp;
   p.layout.data = ranks / c.cp;
   p.layout.zero_stage = c.zero;
   const std::int64_t per_rank = c.batch / p.layout.data;
   p.layout.micro_batch = c.micro_batch > 0 ? c.micro_batch : per_rank;
   return plan::estimate(p);
+}
+
+double time_term(const plan::Estimate& estimate, const std::string& name) {
+  for (const plan::Term& term : estimate.time)
+    if (term.name == name) return term.value;
+  return 0;
 }
 
 }  // namespace longattn::train

@@ -119,6 +119,7 @@ void validate(const TrainConfig& c, int world_size) {
   require(c.memory_limit_mib >= 0 && c.memory_limit_mib < (std::int64_t(1) << 40), program, "memory-limit",
           c.memory_limit_mib, "MiB >= 0 (0: the machine's memory)");
   require(c.peak_gflops >= 0, program, "peak-gflops", c.peak_gflops, "GFLOP/s >= 0 (0: measure)");
+  if (!c.calibration.empty()) plan::read_calibration(c.calibration);  // an Error naming the file and field
   require(c.loss_scale.initial > 0 && std::isfinite(c.loss_scale.initial), program, "loss-scale",
           c.loss_scale.initial, "a positive finite factor");
   require(c.loss_scale.window >= 1, program, "loss-scale-window", c.loss_scale.window, "at least 1 step");
@@ -161,6 +162,8 @@ nlohmann::json TrainResult::to_json(const TrainConfig& c) const {
   j["predicted_memory_bytes"] = predicted_memory_bytes;
   j["predicted_memory"] = nlohmann::json::object();
   for (const auto& [name, bytes] : predicted_memory) j["predicted_memory"][name] = bytes;
+  j["predicted_compute_seconds"] = predicted_compute_seconds;
+  j["predicted_efficiency"] = predicted_efficiency;
   j["peak_gflops"] = peak_gflops;
   j["first_step"] = first_step;
   j["steps"] = nlohmann::json::array();
@@ -190,6 +193,8 @@ nlohmann::json TrainResult::to_json(const TrainConfig& c) const {
                   {"steady_gflops", gflops},
                   {"steady_peak_fraction", peak_gflops > 0 ? gflops / peak_gflops : 0.0},
                   {"steady_communication_share", steady_seconds > 0 ? steady_comm / steady_seconds : 0.0},
+                  // a step's time after the first, less its communication: what the planner's compute term predicts
+                  {"steady_compute_seconds", steady_steps > 0 ? (steady_seconds - steady_comm) / steady_steps : 0.0},
                   {"memory_bytes", memory},
                   // the high-water mark beyond the model's state and the buckets: activations, workspaces
                   {"activation_bytes", memory > fixed ? memory - fixed : 0}};
@@ -404,8 +409,11 @@ TrainResult train(const TrainConfig& config, const parallel::Communicator& world
   }
   std::string prediction_error;
   try {
-    const plan::Estimate predicted = planner_estimate(config, world.size());
+    const plan::Estimate predicted = planner_estimate(config, world.size(), result.peak_gflops * 1e9);
     result.predicted_memory_bytes = predicted.memory_total;
+    result.predicted_compute_seconds = time_term(predicted, "compute");
+    result.predicted_efficiency = config.calibration.empty() ? "the planner's assumed efficiencies"
+                                                             : "efficiencies of " + config.calibration;
     for (const plan::Term& term : predicted.memory) result.predicted_memory.emplace_back(term.name, term.value);
   } catch (const Error& error) {
     prediction_error = error.what();
@@ -443,7 +451,8 @@ TrainResult train(const TrainConfig& config, const parallel::Communicator& world
         *out << separator << name << " " << mib(bytes);
         separator = ", ";
       }
-      *out << " MiB)\n";
+      *out << " MiB); compute " << std::setprecision(3) << result.predicted_compute_seconds << " s per step ("
+           << result.predicted_efficiency << ")\n";
     } else {
       *out << "planner   longattn-plan cannot describe this run: " << prediction_error << "\n";
     }

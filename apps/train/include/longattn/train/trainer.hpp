@@ -74,6 +74,8 @@ struct TrainConfig {
   bool resume = false;              // continue from `checkpoint`
   int stop_after = 0;               // stop after this step (a job's time limit); 0: run to `steps`
   double peak_gflops = 0;           // FMA peak of all ranks' cores; 0: measured at start
+  std::string calibration;          // longattn-plan's efficiencies (write_calibration.py) for the
+                                    // compute-time prediction; empty: the planner's assumed ones
   std::int64_t memory_limit_mib = 0;  // the memory pool's limit per rank; 0: the machine's memory
   bool quiet = false;               // no per-step lines
 };
@@ -109,6 +111,10 @@ struct TrainResult {
   // the planner cannot describe the run.
   double predicted_memory_bytes = 0;
   std::vector<std::pair<std::string, double>> predicted_memory;
+  // Its compute time per step on these ranks: hardware FLOPs / (ranks x FMA peak per rank x the
+  // calibration's efficiencies); its communication model (NVLink, InfiniBand) is not this machine's.
+  double predicted_compute_seconds = 0;
+  std::string predicted_efficiency;  // where the efficiencies came from
   std::vector<StepRecord> steps;
   std::vector<EvalRecord> evals;
   nlohmann::json to_json(const TrainConfig& config) const;
