@@ -33,7 +33,7 @@ int main(int argc, char** argv) {
   TrainConfig c;
   std::string task = to_string(c.data.task), attention = to_string(c.model.attention), json_path, config_path;
   std::string recompute = to_string(c.model.recompute), precision = to_string(c.precision);
-  std::string grad_reduce = to_string(c.grad_reduce);
+  std::string grad_reduce = to_string(c.grad_reduce), calibration;
   const std::map<std::string, Task> tasks{{"text", Task::text}, {"long_range", Task::long_range}};
 
   app.add_option("--config", config_path, "JSON file of options (keys: the long option names)");
@@ -95,7 +95,7 @@ int main(int argc, char** argv) {
                  "machine's). A step that needs more stops the run with an error, after saving the last good "
                  "state to --checkpoint")->group("Training");
   app.add_option("--peak-gflops", c.peak_gflops, "FMA peak of all ranks' cores (0: measure at start)")->group("Output");
-  app.add_option("--calibration", c.calibration,
+  app.add_option("--calibration", calibration,
                  "longattn-plan's measured efficiencies (perf_tests/write_calibration.py) for the compute time per step "
                  "it predicts beside the measured one (default: the planner's assumed efficiencies)")
       ->group("Output");
@@ -109,6 +109,7 @@ int main(int argc, char** argv) {
     c.model.recompute = parse_recompute(recompute);
     c.precision = parse_precision(precision);
     c.grad_reduce = parse_gradient_reduce(grad_reduce);
+    if (!calibration.empty()) c.efficiency = longattn::plan::read_calibration(calibration);
   } catch (const CLI::ParseError& error) {
     return root ? app.exit(error) : (error.get_exit_code() == 0 ? 0 : 2);
   } catch (const longattn::Error& error) {
@@ -143,7 +144,7 @@ int main(int argc, char** argv) {
                 << " s per step after the first, less communication";
       if (result.predicted_compute_seconds > 0)
         std::cout << "; longattn-plan predicted " << result.predicted_compute_seconds << " s of compute ("
-                  << result.predicted_efficiency << "; measured / predicted " << std::setprecision(2)
+                  << c.efficiency.source << "; measured / predicted " << std::setprecision(2)
                   << compute / result.predicted_compute_seconds << ")";
       std::cout << "\n";
     }

@@ -31,7 +31,7 @@ plan::Estimate planner_estimate(const TrainConfig& c, int ranks, double peak_flo
     p.cluster.gpu.name = "the ranks' cores";
     p.cluster.gpu.peak_flops_tf32 = p.cluster.gpu.peak_flops_16bit = peak_flops / ranks;
   }
-  if (!c.calibration.empty()) p.efficiency = plan::read_calibration(c.calibration);
+  p.efficiency = c.efficiency;
   p.layout.context = c.cp;
   p.layout.data = ranks / c.cp;
   p.layout.zero_stage = c.zero;

@@ -119,7 +119,6 @@ void validate(const TrainConfig& c, int world_size) {
   require(c.memory_limit_mib >= 0 && c.memory_limit_mib < (std::int64_t(1) << 40), program, "memory-limit",
           c.memory_limit_mib, "MiB >= 0 (0: the machine's memory)");
   require(c.peak_gflops >= 0, program, "peak-gflops", c.peak_gflops, "GFLOP/s >= 0 (0: measure)");
-  if (!c.calibration.empty()) plan::read_calibration(c.calibration);  // an Error naming the file and field
   require(c.loss_scale.initial > 0 && std::isfinite(c.loss_scale.initial), program, "loss-scale",
           c.loss_scale.initial, "a positive finite factor");
   require(c.loss_scale.window >= 1, program, "loss-scale-window", c.loss_scale.window, "at least 1 step");
@@ -163,7 +162,7 @@ nlohmann::json TrainResult::to_json(const TrainConfig& c) const {
   j["predicted_memory"] = nlohmann::json::object();
   for (const auto& [name, bytes] : predicted_memory) j["predicted_memory"][name] = bytes;
   j["predicted_compute_seconds"] = predicted_compute_seconds;
-  j["predicted_efficiency"] = predicted_efficiency;
+  j["predicted_efficiency"] = c.efficiency.source;
   j["peak_gflops"] = peak_gflops;
   j["first_step"] = first_step;
   j["steps"] = nlohmann::json::array();
@@ -412,8 +411,6 @@ TrainResult train(const TrainConfig& config, const parallel::Communicator& world
     const plan::Estimate predicted = planner_estimate(config, world.size(), result.peak_gflops * 1e9);
     result.predicted_memory_bytes = predicted.memory_total;
     result.predicted_compute_seconds = time_term(predicted, "compute");
-    result.predicted_efficiency = config.calibration.empty() ? "the planner's assumed efficiencies"
-                                                             : "efficiencies of " + config.calibration;
     for (const plan::Term& term : predicted.memory) result.predicted_memory.emplace_back(term.name, term.value);
   } catch (const Error& error) {
     prediction_error = error.what();
@@ -452,7 +449,7 @@ TrainResult train(const TrainConfig& config, const parallel::Communicator& world
         separator = ", ";
       }
       *out << " MiB); compute " << std::setprecision(3) << result.predicted_compute_seconds << " s per step ("
-           << result.predicted_efficiency << ")\n";
+           << config.efficiency.source << ")\n";
     } else {
       *out << "planner   longattn-plan cannot describe this run: " << prediction_error << "\n";
     }

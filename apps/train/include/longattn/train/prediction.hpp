@@ -2,8 +2,8 @@
 // model (learned positions, 256 bytes of vocabulary, MLP 4E, an LM head of its own), precision,
 // recomputation, grid (dp x cp, no tensor or pipeline parallelism), ZeRO stage and micro-batch.
 // The trainer prints its memory per rank beside the pool's measured high-water mark, and its
-// compute time per step (on devices of the ranks' measured FMA peak, with the efficiencies of
-// config.calibration) beside the steps' measured time less their communication.
+// compute time per step (on devices of the ranks' measured FMA peak, with config.efficiency)
+// beside the steps' measured time less their communication.
 #pragma once
 
 #include "longattn/plan/estimate.hpp"
@@ -11,8 +11,8 @@
 
 namespace longattn::train {
 
-// Throws longattn::Error where the planner cannot describe the run (its validation) or the
-// calibration file cannot be read. peak_flops: all ranks' FMA peak (0: the GPU table's).
+// Throws longattn::Error where the planner cannot describe the run (its validation).
+// peak_flops: all ranks' FMA peak (0: the GPU table's).
 plan::Estimate planner_estimate(const TrainConfig& config, int ranks, double peak_flops = 0);
 
 // The estimate's time term of that name (0 when absent).

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "longattn/parallel/communicator.hpp"
+#include "longattn/plan/inputs.hpp"
 #include "longattn/train/data.hpp"
 #include "longattn/train/model.hpp"
 #include "longattn/train/optimizer.hpp"
@@ -54,6 +55,13 @@ struct LossScaleConfig {
   int window = 2000;
 };
 
+// The planner's default efficiencies, named for the trainer's output.
+inline plan::Efficiency assumed_efficiency() {
+  plan::Efficiency e;
+  e.source = "the planner's assumed efficiencies";
+  return e;
+}
+
 struct TrainConfig {
   ModelConfig model;
   DataConfig data;
@@ -74,8 +82,8 @@ struct TrainConfig {
   bool resume = false;              // continue from `checkpoint`
   int stop_after = 0;               // stop after this step (a job's time limit); 0: run to `steps`
   double peak_gflops = 0;           // FMA peak of all ranks' cores; 0: measured at start
-  std::string calibration;          // longattn-plan's efficiencies (write_calibration.py) for the
-                                    // compute-time prediction; empty: the planner's assumed ones
+  plan::Efficiency efficiency = assumed_efficiency();  // longattn-plan's kernel efficiencies for the
+                                    // compute-time prediction (--calibration: write_calibration.py's)
   std::int64_t memory_limit_mib = 0;  // the memory pool's limit per rank; 0: the machine's memory
   bool quiet = false;               // no per-step lines
 };
@@ -114,7 +122,6 @@ struct TrainResult {
   // Its compute time per step on these ranks: hardware FLOPs / (ranks x FMA peak per rank x the
   // calibration's efficiencies); its communication model (NVLink, InfiniBand) is not this machine's.
   double predicted_compute_seconds = 0;
-  std::string predicted_efficiency;  // where the efficiencies came from
   std::vector<StepRecord> steps;
   std::vector<EvalRecord> evals;
   nlohmann::json to_json(const TrainConfig& config) const;
