@@ -2,7 +2,7 @@
 """longattn-plan's memory per rank and compute time per step against longattn-train's measured
 pool high-water and step time, layout by layout.
 
-Runs `longattn-train` for each layout (ranks, --cp, --zero, --recompute, --precision,
+Runs `longattn-train` for each layout (ranks, --tp, --cp, --zero, --recompute, --precision,
 --micro-batch) on the same model and prints a Markdown table: the planner's prediction (the
 trainer's JSON summary carries it: apps/train/include/longattn/train/prediction.hpp) and the
 measurement, whole and in three parts: model state (planner: parameters + gradients + optimizer
@@ -26,7 +26,7 @@ import sys
 
 from train_runs import run_training
 
-# ranks, then longattn-train options: dp x cp, ZeRO, recomputation, precision, micro-batches.
+# ranks, then longattn-train options: dp x cp x tp, ZeRO, recomputation, precision, micro-batches.
 LAYOUTS = [
     (1, []),
     (2, []),
@@ -38,6 +38,9 @@ LAYOUTS = [
     (2, ["--precision", "bf16"]),
     (2, ["--precision", "bf16", "--zero", "1", "--recompute", "full"]),
     (2, ["--micro-batch", "2"]),
+    (2, ["--tp", "2"]),
+    (4, ["--tp", "2", "--zero", "1"]),
+    (4, ["--tp", "2", "--cp", "2", "--zero", "1"]),
 ]
 
 
@@ -72,7 +75,7 @@ def main():
         ratio = measured / predicted
         worst = max(worst, abs(ratio - 1))
         grid = j["grid"]
-        name = f"dp {grid['dp']} x cp {grid['cp']} " + " ".join(layout).replace("--", "")
+        name = f"dp {grid['dp']} x cp {grid['cp']} x tp {grid['tp']} " + " ".join(layout).replace("--", "")
         print(f"| {ranks} | {name.strip()} | {predicted / mib:.1f} | {measured / mib:.1f} | {ratio:.2f} "
               f"| {state_p / mib:.1f} / {j['model_state_bytes'] / mib:.1f} "
               f"| {p['communication buffers'] / mib:.1f} / {j['bucket_bytes'] / mib:.1f} "

@@ -1,8 +1,10 @@
 // longattn-train: trains a byte-level decoder-only transformer with the attention of your choice,
-// on one core or many nodes (data x context parallel), and prints what a practitioner watches.
+// on one core or many nodes (data x context x tensor parallel), and prints what a practitioner
+// watches.
 //
 //   mpiexec -n 2 longattn-train                       GPL-3 text, 4 layers, dense attention
 //   mpiexec -n 4 longattn-train --cp 2 --context 1024 --attention "dilated:w=256,1024;r=1,4"
+//   mpiexec -n 4 longattn-train --tp 2 --cp 2 --zero 1
 //   longattn-train --task long_range --context 2048 --attention "block_sparse:pattern=local_window;radius=256"
 //   longattn-train --config train.json --checkpoint run.ckpt --resume --json summary.json
 #include <CLI/CLI.hpp>
@@ -27,7 +29,7 @@ int main(int argc, char** argv) {
   const bool root = world.rank() == 0;
 
   CLI::App app{"longattn-train: train a byte-level decoder-only transformer on text or a long-range task, "
-               "data x context parallel over MPI ranks (README: \"Training\")"};
+               "data x context x tensor parallel over MPI ranks (README: \"Training\")"};
   app.name("longattn-train");
   app.option_defaults()->always_capture_default()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   TrainConfig c;
@@ -77,7 +79,11 @@ int main(int argc, char** argv) {
   app.add_option("--beta1", c.optimizer.beta1, "AdamW beta1")->group("Training");
   app.add_option("--beta2", c.optimizer.beta2, "AdamW beta2")->group("Training");
   app.add_option("--clip", c.optimizer.clip, "gradient global-norm clip (0: none)")->group("Training");
-  app.add_option("--cp", c.cp, "context-parallel ranks per sequence (ring attention); dp = ranks / cp")
+  app.add_option("--tp", c.tp,
+                 "tensor-parallel ranks per layer (Megatron: heads and MLP features split, neighbouring ranks; "
+                 "dense or block-sparse attention); dp = ranks / (tp x cp)")
+      ->group("Parallel");
+  app.add_option("--cp", c.cp, "context-parallel ranks per sequence (ring attention); dp = ranks / (tp x cp)")
       ->group("Parallel");
   app.add_option("--zero", c.zero,
                  "ZeRO stage over the dp x cp ranks: 0 (none) or 1 (AdamW's moments and master weights sharded: "

@@ -3,8 +3,10 @@
 // mismatched, or with bad metadata; a failed write keeps the previous one), the loss falling on real text, recomputation and micro-batches against the plain
 // step, bf16/fp16 against fp32 and fp16 loss scaling, and the grid: DP = 2 and CP = 2 (ring
 // attention, distributed dilated attention, block-sparse ring) give the losses of one rank; ZeRO 1
-// gives the losses of none, and its checkpoints resume on another grid. Runs at 1 and 2 ranks,
-// the ZeRO cases also at 4; the grid comparisons need 2 or more (at 1 they say SKIP).
+// gives the losses of none, and its checkpoints resume on another grid; tensor parallelism (tp 2,
+// also with cp 2 and ZeRO 1) trains the model of one rank, and its checkpoints resume at tp 1.
+// Runs at 1 and 2 ranks, the ZeRO and tp cases also at 4; the grid comparisons need 2 or more
+// (at 1 they say SKIP).
 #include <catch2/catch.hpp>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -344,6 +346,142 @@ TEST_CASE("a checkpoint written under ZeRO 1 resumes on one rank without it, and
   const TrainResult back = run_training(c, world, nullptr);
   REQUIRE(back.first_step == 5);
   check_same_losses(losses(back), {uninterrupted[4]}, 1e-3);
+  world.barrier();
+  if (world.rank() == 0) std::remove(c.checkpoint.c_str());
+}
+
+// A checkpoint's payload as floats (parameters, then AdamW's moments; each tensor whole).
+static std::vector<float> payload_floats(const std::string& path) {
+  const Checkpoint checkpoint = read_checkpoint(path);
+  std::vector<float> floats(checkpoint.payload.size() / sizeof(float));
+  std::memcpy(floats.data(), checkpoint.payload.data(), floats.size() * sizeof(float));
+  return floats;
+}
+
+// Tensor parallelism against one rank: the heads and MLP features split over 2 ranks (each
+// sublayer's output and input gradient all-reduced, the sub-LayerNorm's statistics summed) train
+// the model one rank trains - the same losses and clipped gradient norms, and after the run the
+// same parameters and AdamW moments, put back together whole in the checkpoint. Dense and
+// block-sparse attention.
+TEST_CASE("tensor parallel: tp 2 trains the model of one rank", "[train][tp]") {
+  if (!two_ranks()) return;
+  const auto world = test::throwing_world();
+  const auto spec = GENERATE(as<std::string>{}, "dense", "block_sparse:pattern=local_window;radius=64");
+  INFO("attention " << spec);
+  TrainConfig c = tiny_config();
+  c.model.attention = longattn::parse_attention_spec(spec);
+  c.model.context = 128;
+  c.steps = 3;
+  c.optimizer.clip = 0.05;  // below these gradients' norms: the split tensors' squares must add over tp
+  TrainConfig one_config = c;
+  one_config.checkpoint = shared_path(("tp1.rank" + std::to_string(world.rank()) + ".ckpt").c_str());
+  const TrainResult one = run_training(one_config, self(), nullptr);
+  c.tp = 2;
+  c.checkpoint = shared_path("tp2.ckpt");
+  const TrainResult two = run_training(c, world, nullptr);
+  CHECK(two.tp == 2);
+  CHECK(two.dp == 1);
+  CHECK(two.parameters == one.parameters);
+  CHECK(two.model_state_bytes < one.model_state_bytes);
+  check_same_losses(losses(two), losses(one), 1e-5);
+  for (std::size_t i = 0; i < two.steps.size(); ++i) {
+    INFO("step " << i + 1);
+    CHECK(two.steps[i].gradient_norm > c.optimizer.clip);
+    CHECK(two.steps[i].gradient_norm == Approx(one.steps[i].gradient_norm).epsilon(1e-5));
+  }
+  // Parameters, first and second moments: each within 1e-4 of its largest value. (Not element by
+  // element: the key bias's gradient is zero but for rounding - softmax ignores a shift of every
+  // score - and AdamW turns that noise into steps of either sign, from 1e-6 apart.)
+  const std::vector<float> split = payload_floats(c.checkpoint), whole = payload_floats(one_config.checkpoint);
+  REQUIRE(split.size() == whole.size());
+  REQUIRE(split.size() == 3 * one.parameters);
+  for (int part = 0; part < 3; ++part) {
+    double largest = 0, worst = 0;
+    for (std::size_t i = part * one.parameters; i < (part + 1) * one.parameters; ++i) {
+      largest = std::max(largest, std::abs(double(whole[i])));
+      worst = std::max(worst, std::abs(double(split[i]) - double(whole[i])));
+    }
+    INFO("payload part " << part << ": largest " << largest);
+    CHECK(largest > 0);
+    CHECK(worst < 1e-4 * largest);
+  }
+  world.barrier();
+  std::remove(one_config.checkpoint.c_str());
+  if (world.rank() == 0) std::remove(c.checkpoint.c_str());
+}
+
+// At 4 ranks: tp 2 x cp 2 (ring attention over the heads of each tensor rank) against one rank,
+// and ZeRO 1 under tp 2 x dp 2 (AdamW's state sharded over the 2 ranks of each tensor rank)
+// against none.
+TEST_CASE("tensor parallel with context parallelism and ZeRO 1: the losses of one rank and of no ZeRO",
+          "[train][tp]") {
+  const auto world = test::throwing_world();
+  if (world.size() != 4) {
+    WARN("SKIP: needs 4 MPI ranks, the world has " << world.size() << " (ctest's train_np4_zero runs it)");
+    return;
+  }
+  TrainConfig c = tiny_config();
+  c.model.context = 256;  // zigzag: 4 chunks of one 64-token block
+  c.batch = 2;
+  c.steps = 3;
+  c.optimizer.clip = 0.05;
+  const TrainResult one = run_training(c, self(), nullptr);
+  c.tp = 2;
+  c.cp = 2;
+  const TrainResult ring = run_training(c, world, nullptr);
+  CHECK(ring.tp == 2);
+  CHECK(ring.cp == 2);
+  check_same_losses(losses(ring), losses(one), 1e-5);
+  c.cp = 1;  // dp 2
+  const TrainResult none = run_training(c, world, nullptr);
+  c.zero = 1;
+  const TrainResult zero = run_training(c, world, nullptr);
+  check_same_losses(losses(none), losses(one), 1e-5);
+  check_same_losses(losses(zero), losses(none), 1e-5);
+  for (std::size_t i = 0; i < zero.steps.size(); ++i) {
+    INFO("step " << i + 1);
+    CHECK(zero.steps[i].gradient_norm > c.optimizer.clip);
+    CHECK(zero.steps[i].gradient_norm == Approx(one.steps[i].gradient_norm).epsilon(1e-5));
+  }
+  CHECK(zero.model_state_bytes < none.model_state_bytes);
+}
+
+// A checkpoint holds each tensor whole: written at tp 2, resumed on one rank (tp 1) and by the
+// world at tp 1 (dp 2), whose checkpoint resumes at tp 2 again: the losses are the uninterrupted
+// run's.
+TEST_CASE("a checkpoint written at tp 2 resumes at tp 1, on one rank and on two, and back", "[train][tp][checkpoint]") {
+  if (!two_ranks()) return;
+  const auto world = test::throwing_world();
+  TrainConfig c = tiny_config();
+  c.tp = 2;
+  const std::vector<double> uninterrupted = losses(run_training(c, world, nullptr));
+  c.checkpoint = shared_path("tp.ckpt");
+  c.stop_after = 2;
+  run_training(c, world, nullptr);
+  c.resume = true;
+  c.stop_after = 0;
+  const parallel::Communicator alone_rank = self();  // collective: every rank splits
+  if (world.rank() == 0) {
+    TrainConfig one = c;
+    one.tp = 1;
+    one.checkpoint = shared_path("tp.ckpt.copy");
+    std::filesystem::copy_file(c.checkpoint, one.checkpoint, std::filesystem::copy_options::overwrite_existing);
+    const TrainResult alone = run_training(one, alone_rank, nullptr);
+    REQUIRE(alone.first_step == 3);
+    check_same_losses(losses(alone), {uninterrupted[2], uninterrupted[3], uninterrupted[4]}, 1e-5);
+    std::remove(one.checkpoint.c_str());
+  }
+  world.barrier();
+  c.tp = 1;
+  c.stop_after = 4;
+  const TrainResult data_parallel = run_training(c, world, nullptr);
+  REQUIRE(data_parallel.first_step == 3);
+  check_same_losses(losses(data_parallel), {uninterrupted[2], uninterrupted[3]}, 1e-5);
+  c.tp = 2;  // and back: written at tp 1, resumed at tp 2
+  c.stop_after = 0;
+  const TrainResult back = run_training(c, world, nullptr);
+  REQUIRE(back.first_step == 5);
+  check_same_losses(losses(back), {uninterrupted[4]}, 1e-5);
   world.barrier();
   if (world.rank() == 0) std::remove(c.checkpoint.c_str());
 }
@@ -873,7 +1011,10 @@ TEST_CASE("bad options are refused naming them", "[train][errors]") {
   };
   TrainConfig bad = c;
   bad.cp = 3;
-  fails(bad, "argument 'cp' is 3, expected a divisor of the " + std::to_string(world.size()) + " ranks");
+  fails(bad, "argument 'cp' is 3, expected a divisor of ranks / tp = " + std::to_string(world.size()));
+  bad = c;
+  bad.tp = 3;
+  fails(bad, "argument 'tp' is 3, expected a divisor of the " + std::to_string(world.size()) + " ranks");
   bad = c;
   bad.model.heads = 5;
   fails(bad, "argument 'embed' is 32, expected a positive multiple of heads = 5");
@@ -908,5 +1049,13 @@ TEST_CASE("bad options are refused naming them", "[train][errors]") {
     bad.model.context = 256;
     bad.model.attention = longattn::parse_attention_spec("block_sparse:pattern=top_k;k=2");
     fails(bad, "a fixed block-sparse pattern");
+    bad = c;
+    bad.tp = 2;
+    bad.model.heads = 1;
+    fails(bad, "argument 'tp' is 2, expected a divisor of the 1 heads");
+    bad = c;
+    bad.tp = 2;
+    bad.model.attention = longattn::parse_attention_spec("dilated:w=16;r=2");
+    fails(bad, "argument 'tp' is 2, expected 1 with dilated");
   }
 }

@@ -32,8 +32,9 @@ plan::Estimate planner_estimate(const TrainConfig& c, int ranks, double peak_flo
     p.cluster.gpu.peak_flops_tf32 = p.cluster.gpu.peak_flops_16bit = peak_flops / ranks;
   }
   p.efficiency = c.efficiency;
+  p.layout.tensor = c.tp;
   p.layout.context = c.cp;
-  p.layout.data = ranks / c.cp;
+  p.layout.data = ranks / (c.tp * c.cp);
   p.layout.zero_stage = c.zero;
   const std::int64_t per_rank = c.batch / p.layout.data;
   p.layout.micro_batch = c.micro_batch > 0 ? c.micro_batch : per_rank;

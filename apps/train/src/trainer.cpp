@@ -1,5 +1,6 @@
 #include "longattn/train/trainer.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <iomanip>
@@ -8,12 +9,14 @@
 #include <optional>
 #include <random>
 #include <sstream>
+#include <tuple>
 #include <utility>
 #include <vector>
 
 #include "longattn/core/ceilings.hpp"
 #include "longattn/parallel/context_parallel_attention.hpp"
 #include "longattn/parallel/gradient_buckets.hpp"
+#include "longattn/parallel/tensor_parallel.hpp"
 #include "longattn/train/checkpoint.hpp"
 #include "longattn/train/prediction.hpp"
 #include "longattn/train/zero.hpp"
@@ -87,6 +90,44 @@ class LocalBatch {
 // A stretch of a checkpoint's payload, as floats.
 using PayloadFloats = Kokkos::View<float*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>;
 
+// A float vector over parameter groups (parameters, AdamW's moments) as tensor-parallel ranks hold
+// it - each group's part, one after the other - and as a checkpoint holds it: each group whole.
+struct SplitFloats {
+  std::vector<FeatureSplit> splits;  // the groups', in order
+  int parts = 1;
+
+  std::size_t part_count() const {
+    std::size_t n = 0;
+    for (const auto& s : splits) n += s.part_count(parts);
+    return n;
+  }
+  std::size_t whole_count() const {
+    std::size_t n = 0;
+    for (const auto& s : splits) n += s.whole_count();
+    return n;
+  }
+  // whole (whole_count()) from every part's vector, `gathered` (parts x part_count(), rank order).
+  void assemble(const float* gathered, float* whole) const {
+    for (int p = 0; p < parts; ++p) {
+      const float* part = gathered + std::size_t(p) * part_count();
+      std::size_t whole_at = 0;
+      for (const auto& s : splits) {
+        s.insert(parts, p, part, whole + whole_at);
+        part += s.part_count(parts);
+        whole_at += s.whole_count();
+      }
+    }
+  }
+  // part p's vector (part_count()) from the whole one.
+  void extract(int p, const float* whole, float* part) const {
+    for (const auto& s : splits) {
+      s.extract(parts, p, whole, part);
+      whole += s.whole_count();
+      part += s.part_count(parts);
+    }
+  }
+};
+
 std::string duration(double seconds) {
   const long s = long(std::lround(std::max(0.0, seconds)));
   std::ostringstream out;
@@ -100,11 +141,21 @@ void validate(const TrainConfig& c, int world_size) {
   validate(c.model);
   validate(c.optimizer);
   require(c.steps >= 1, program, "steps", c.steps, "at least 1");
-  require(c.cp >= 1 && world_size % c.cp == 0, program, "cp", c.cp,
+  require(c.tp >= 1 && world_size % c.tp == 0, program, "tp", c.tp,
           "a divisor of the " + std::to_string(world_size) + " ranks");
-  const int dp = world_size / c.cp;
+  require(c.model.heads % c.tp == 0, program, "tp", c.tp,
+          "a divisor of the " + std::to_string(c.model.heads) + " heads (each tensor-parallel rank holds heads / tp)");
+  require(c.tp == 1 || c.model.attention.kind == AttentionSpec::Kind::dense ||
+              c.model.attention.kind == AttentionSpec::Kind::block_sparse,
+          program, "tp", c.tp,
+          "1 with " + to_string(c.model.attention) +
+              " attention (tensor parallelism splits the heads of dense and block-sparse attention; dilated "
+              "attention's offsets, and auto's choice of it, follow the head index over all heads)");
+  require(c.cp >= 1 && (world_size / c.tp) % c.cp == 0, program, "cp", c.cp,
+          "a divisor of ranks / tp = " + std::to_string(world_size / c.tp));
+  const int dp = world_size / (c.tp * c.cp);
   require(c.batch >= 1 && c.batch % dp == 0, program, "batch", c.batch,
-          "a positive multiple of dp = ranks / cp = " + std::to_string(dp) + " (sequences per step)");
+          "a positive multiple of dp = ranks / (tp x cp) = " + std::to_string(dp) + " (sequences per step)");
   const std::int64_t per_rank = c.batch / dp;
   require(c.micro_batch >= 0 && (c.micro_batch == 0 || per_rank % c.micro_batch == 0), program, "micro-batch",
           c.micro_batch,
@@ -152,7 +203,8 @@ nlohmann::json TrainResult::to_json(const TrainConfig& c) const {
   j["config"]["precision"] = to_string(c.precision);
   j["config"]["grad_reduce"] = to_string(c.grad_reduce);
   j["config"]["zero"] = c.zero;
-  j["grid"] = {{"dp", dp}, {"cp", cp}};
+  j["config"]["tp"] = c.tp;
+  j["grid"] = {{"dp", dp}, {"cp", cp}, {"tp", tp}};
   j["micro_batches"] = micro_batches;
   j["parameters"] = parameters;
   j["model_state_bytes"] = model_state_bytes;
@@ -216,9 +268,16 @@ TrainResult train(const TrainConfig& config, const parallel::Communicator& world
     options.limit_bytes = std::size_t(config.memory_limit_mib) << 20;
     return ExecutionContext<Exec>(Exec(), memory::Pool<Memory>(options));
   }();
-  const int cp = config.cp, dp = world.size() / cp;
-  const int cp_rank = world.rank() % cp, dp_rank = world.rank() / cp;
-  const parallel::Communicator cp_group = world.split(dp_rank, cp_rank);
+  // The grid, tp innermost: rank = (dp_rank cp + cp_rank) tp + tp_rank.
+  const int tp = config.tp, cp = config.cp, dp = world.size() / (tp * cp);
+  const int tp_rank = world.rank() % tp, cp_rank = world.rank() / tp % cp, dp_rank = world.rank() / (tp * cp);
+  const parallel::Communicator cp_group = world.split(dp_rank * tp + tp_rank, cp_rank);
+  // The dp x cp ranks holding the same parameters (this tensor rank's part): they sum gradients
+  // and losses, and share ZeRO's shards.
+  const parallel::Communicator same_part = world.split(tp_rank, world.rank() / tp);
+  std::shared_ptr<parallel::TensorParallelGroup<Exec>> features;
+  if (tp > 1)
+    features = std::make_shared<parallel::TensorParallelGroup<Exec>>(world.split(world.rank() / tp, tp_rank));
   const std::int64_t N = config.model.context, sequences = config.batch / dp;
   const std::int64_t micro_batch = config.micro_batch > 0 ? config.micro_batch : sequences;
   const std::int64_t micro_batches = sequences / micro_batch;
@@ -226,7 +285,7 @@ TrainResult train(const TrainConfig& config, const parallel::Communicator& world
 
   std::optional<Dataset> data;
   world.checked(program, [&] { data.emplace(config.data, N); });
-  Model model(context, config.model);
+  Model model(context, config.model, features);
   std::shared_ptr<parallel::ContextParallelAttention<Exec, T>> ring;
   std::vector<parallel::Segment> segments{{0, 0, N}};
   if (cp > 1) {
@@ -239,40 +298,61 @@ TrainResult train(const TrainConfig& config, const parallel::Communicator& world
 
   const auto& groups = model.parameter_groups();
   std::unique_ptr<parallel::GradientBuckets<Exec>> buckets;
-  if (world.size() > 1) {
+  if (same_part.size() > 1) {
     parallel::GradientBucketOptions options;
     options.op = parallel::ReduceOp::sum;  // every rank's loss is already divided by the global token count
     if (config.grad_reduce == GradientReduce::model && !std::is_same_v<T, float>)
       options.reduce_type = parallel::data_type_of<T>();
-    buckets = std::make_unique<parallel::GradientBuckets<Exec>>(context, world, options);
+    buckets = std::make_unique<parallel::GradientBuckets<Exec>>(context, same_part, options);
     for (const auto& g : groups) buckets->add(g.gradients, g.count);
   }
   // ZeRO 1: this rank's AdamW updates its shard of every group (with one rank: all of it).
   std::optional<ParameterShards<Exec, T>> shards;
-  if (config.zero == 1 && world.size() > 1) shards.emplace(context, world, groups);
+  if (config.zero == 1 && same_part.size() > 1) shards.emplace(context, same_part, groups);
+  // The global gradient norm: pieces (ZeRO) summed over the ranks of a part, parts of split
+  // tensors (tp) over the tensor-parallel group; whole tensors are alike on its ranks.
+  using Squares = typename AdamW<Exec, T>::Squares;
+  auto squares_over_ranks = [&](const Squares& mine) {
+    Squares total = mine;
+    if (shards) std::tie(total.split, total.whole) = shards->sum_squares_over_ranks(mine.split, mine.whole);
+    if (features) {
+      const double split = total.split;
+      features->communicator().all_reduce(&split, &total.split, 1, parallel::DataType::float64,
+                                          parallel::ReduceOp::sum);
+    }
+    return total.split + total.whole;
+  };
   AdamW<Exec, T> optimizer(context, config.optimizer, shards ? shards->pieces() : groups,
-                           shards ? typename AdamW<Exec, T>::SquaresOverRanks(
-                                        [&](double mine) { return shards->sum_squares_over_ranks(mine); })
-                                  : nullptr);
+                           shards || features ? typename AdamW<Exec, T>::SquaresOverRanks(squares_over_ranks) : nullptr);
   // A checkpoint's payload, in order: every group's parameters (fp32: the model's; 16-bit: the
   // optimizer's fp32 master weights, in the same order), then AdamW's two moments, each whole
-  // (gathered from the ranks under ZeRO 1). The same bytes in every precision and at every grid,
-  // so a run may resume in another precision, on another number of ranks, with or without ZeRO.
+  // (gathered from the ranks under ZeRO 1, each tensor whole from its tensor-parallel parts).
+  // The same bytes in every precision and at every grid, so a run may resume in another
+  // precision, on another number of ranks, with another tp, with or without ZeRO.
   using Floats = Kokkos::View<float*, Memory, Kokkos::MemoryUnmanaged>;
   struct StatePart {
-    Floats local;  // what this rank holds
-    bool sharded;  // its pieces of the whole (ZeRO 1)
+    Floats local;        // what this rank holds
+    bool sharded;        // its pieces of its part (ZeRO 1)
+    SplitFloats layout;  // its part of the whole
+  };
+  auto layout_of = [&](auto first, auto last) {
+    SplitFloats layout{{}, tp};
+    for (auto g = first; g != last; ++g) layout.splits.push_back(g->split);
+    return layout;
   };
   std::vector<StatePart> state;
+  const SplitFloats all_groups = layout_of(groups.begin(), groups.end());
   if constexpr (AdamW<Exec, T>::keeps_master_weights)
-    state.push_back({Floats(optimizer.master_weights().data(), optimizer.master_weights().size()), bool(shards)});
+    state.push_back({Floats(optimizer.master_weights().data(), optimizer.master_weights().size()), bool(shards), all_groups});
   else
-    for (const auto& g : groups) state.push_back({Floats(g.values, g.count), false});
-  state.push_back({Floats(optimizer.first_moment().data(), optimizer.first_moment().size()), bool(shards)});
-  state.push_back({Floats(optimizer.second_moment().data(), optimizer.second_moment().size()), bool(shards)});
-  auto whole_floats = [&](const StatePart& part) { return part.sharded ? shards->whole_elements() : part.local.size(); };
+    for (auto g = groups.begin(); g != groups.end(); ++g)
+      state.push_back({Floats(g->values, g->count), false, layout_of(g, g + 1)});
+  state.push_back({Floats(optimizer.first_moment().data(), optimizer.first_moment().size()), bool(shards), all_groups});
+  state.push_back({Floats(optimizer.second_moment().data(), optimizer.second_moment().size()), bool(shards), all_groups});
   std::size_t state_bytes = 0;
-  for (const auto& part : state) state_bytes += whole_floats(part) * sizeof(float);
+  for (const auto& part : state) state_bytes += part.layout.whole_count() * sizeof(float);
+  // A collective of the world (from a rank alone: only without ZeRO and tensor parallelism).
+  const bool state_spread = shards || features;
   std::mt19937_64 train_rng(config.data_seed);
   int first = 0;  // 0-based step to start from
   // fp16's dynamic loss scale and the good steps since it last changed (1: no scaling).
@@ -300,15 +380,18 @@ TrainResult train(const TrainConfig& config, const parallel::Communicator& world
     });
     unsigned char* p = checkpoint.payload.data();
     for (const auto& part : state) {
-      const PayloadFloats floats(reinterpret_cast<float*>(p), whole_floats(part));
-      if (part.sharded) {  // this rank's pieces of the whole
+      // This tensor rank's part of each whole tensor, then (ZeRO 1) this rank's pieces of that.
+      std::vector<float> mine(part.layout.part_count());
+      part.layout.extract(tp_rank, reinterpret_cast<const float*>(p), mine.data());
+      const PayloadFloats floats(mine.data(), mine.size());
+      if (part.sharded) {
         const auto whole = context.template allocate<Kokkos::View<float*, Memory>>(floats.size());
         Kokkos::deep_copy(whole.view(), floats);
         shards->take_pieces(whole.data(), part.local.data());
       } else {
         Kokkos::deep_copy(part.local, floats);
       }
-      p += floats.size() * sizeof(float);
+      p += part.layout.whole_count() * sizeof(float);
     }
     if constexpr (AdamW<Exec, T>::keeps_master_weights) {
       optimizer.master_weights_changed();
@@ -324,8 +407,8 @@ TrainResult train(const TrainConfig& config, const parallel::Communicator& world
     if (out) *out << "resumed   from " << config.checkpoint << " at step " << first << "\n";
   }
   // The run's state as a checkpoint: the parameters and moments now, `next_step` and the random
-  // engine that will draw its batch. Every rank holds the whole state, or under ZeRO 1 its
-  // pieces: then this is collective, and only the rank that `keeps` the payload fills it.
+  // engine that will draw its batch. Every rank holds the whole state, or (state_spread) its
+  // pieces and parts: then this is collective, and only the rank that `keeps` the payload fills it.
   auto make_checkpoint = [&](int next_step, const std::mt19937_64& rng_at_step, bool keeps = true) {
     Checkpoint checkpoint;
     std::ostringstream rng;
@@ -339,15 +422,25 @@ TrainResult train(const TrainConfig& config, const parallel::Communicator& world
     if (keeps) checkpoint.payload.resize(state_bytes);
     unsigned char* p = checkpoint.payload.data();
     for (const auto& part : state) {
-      const PayloadFloats floats(reinterpret_cast<float*>(p), keeps ? whole_floats(part) : 0);
+      // This tensor rank's part (ZeRO 1: gathered from the ranks' pieces), on the host.
+      std::vector<float> mine(part.layout.part_count());
+      const PayloadFloats floats(mine.data(), mine.size());
       if (part.sharded) {
-        const auto whole = context.template allocate<Kokkos::View<float*, Memory>>(whole_floats(part));
+        const auto whole = context.template allocate<Kokkos::View<float*, Memory>>(mine.size());
         shards->gather(part.local.data(), whole.data());
-        if (keeps) Kokkos::deep_copy(floats, whole.view());
-      } else if (keeps) {
+        Kokkos::deep_copy(floats, whole.view());
+      } else {
         Kokkos::deep_copy(floats, part.local);
       }
-      p += floats.size() * sizeof(float);
+      float* payload = reinterpret_cast<float*>(p);
+      if (features) {  // every tensor whole from the tensor-parallel group's parts
+        std::vector<float> gathered(std::size_t(tp) * mine.size());
+        features->communicator().all_gather(mine.data(), gathered.data(), mine.size(), parallel::DataType::float32);
+        if (keeps) part.layout.assemble(gathered.data(), payload);
+      } else if (keeps) {
+        std::copy(mine.begin(), mine.end(), payload);
+      }
+      if (keeps) p += part.layout.whole_count() * sizeof(float);
     }
     return checkpoint;
   };
@@ -370,9 +463,10 @@ TrainResult train(const TrainConfig& config, const parallel::Communicator& world
                           ": " + error + ". ";
     if (config.checkpoint.empty()) {
       message += "Nothing saved (no --checkpoint).";
-    } else if (shards) {
-      message += "Nothing saved: under --zero 1 AdamW's state is spread over the ranks, and this rank cannot "
-                 "collect it alone; resume from the last checkpoint in " + config.checkpoint + ", if any.";
+    } else if (state_spread) {
+      message += std::string("Nothing saved: under ") + (shards ? "--zero 1 AdamW's state" : "--tp > 1 the model") +
+                 " is spread over the ranks, and this rank cannot collect it alone; resume from the last checkpoint "
+                 "in " + config.checkpoint + ", if any.";
     } else {
       try {
         write_checkpoint(config.checkpoint, make_checkpoint(step, rng_at_step),
@@ -392,12 +486,13 @@ TrainResult train(const TrainConfig& config, const parallel::Communicator& world
   TrainResult result;
   result.dp = dp;
   result.cp = cp;
+  result.tp = tp;
   result.first_step = first + 1;
   result.micro_batches = micro_batches;
-  result.parameters = model.parameter_count();
+  result.parameters = model.whole_parameter_count();
   // Values (T), and in float the gradients, two moments and for 16-bit T the master weights.
-  const std::size_t optimizer_elements = shards ? shards->piece_elements() : result.parameters;
-  result.model_state_bytes = result.parameters * (sizeof(T) + sizeof(float)) +
+  const std::size_t optimizer_elements = shards ? shards->piece_elements() : model.parameter_count();
+  result.model_state_bytes = model.parameter_count() * (sizeof(T) + sizeof(float)) +
                              optimizer_elements * sizeof(float) * (AdamW<Exec, T>::keeps_master_weights ? 3 : 2);
   result.flops_per_step = model.flops_per_step(config.batch);
   result.peak_gflops = config.peak_gflops;
@@ -426,14 +521,15 @@ TrainResult train(const TrainConfig& config, const parallel::Communicator& world
                                             : ", " + std::to_string(config.data.pairs) + " pairs, " +
                                                   std::to_string(config.data.queries) + " queries")
          << "\n"
-         << "grid      " << world.size() << " ranks = dp " << dp << " x cp " << cp << "; " << config.batch
+         << "grid      " << world.size() << " ranks = dp " << dp << " x cp " << cp << " x tp " << tp << "; "
+         << config.batch
          << " sequences per step (" << config.batch * N << " tokens), " << micro_batches << " micro-batch"
          << (micro_batches > 1 ? "es" : "") << " of " << micro_batch << " per rank\n"
          << "memory    recompute " << to_string(config.model.recompute) << "; precision " << to_string(config.precision)
          << "; gradients all-reduced in "
          << (config.grad_reduce == GradientReduce::model ? to_string(config.precision) : "fp32")
          << "; ZeRO " << config.zero
-         << (shards ? " (AdamW's state sharded over " + std::to_string(world.size()) + " ranks)" : "");
+         << (shards ? " (AdamW's state sharded over " + std::to_string(same_part.size()) + " ranks)" : "");
     if (scaling) *out << ", loss scale " << loss_scale;
     *out << "\n"
          << "compute   " << std::fixed << std::setprecision(2) << result.flops_per_step * 1e-9 << " GFLOP per step; "
@@ -455,9 +551,11 @@ TrainResult train(const TrainConfig& config, const parallel::Communicator& world
     }
   }
 
+  // A sum over the batch's tokens: over the ranks of one tensor rank (its tensor-parallel peers
+  // computed the same values).
   auto global_sum = [&](double mine) {
     double total = 0;
-    world.all_reduce(&mine, &total, 1, parallel::DataType::float64, parallel::ReduceOp::sum);
+    same_part.all_reduce(&mine, &total, 1, parallel::DataType::float64, parallel::ReduceOp::sum);
     return total;
   };
   auto evaluate = [&] {
@@ -484,6 +582,7 @@ TrainResult train(const TrainConfig& config, const parallel::Communicator& world
     try {
       model.zero_gradients();
       if (ring) ring->reset_timings();
+      if (features) features->reset_seconds();
       for (std::int64_t m = 0; m < micro_batches; ++m) {
         // Every micro-batch's loss is over the global batch's token count, so the gradients add
         // up to the step's; the all-reduce starts as the last micro-batch's gradients become final.
@@ -502,7 +601,7 @@ TrainResult train(const TrainConfig& config, const parallel::Communicator& world
     }
     const Clock::time_point reduce = Clock::now();
     const double loss = global_sum(local_loss);
-    communication += seconds_since(reduce) + (ring ? ring->wait_seconds() : 0.0);
+    communication += seconds_since(reduce) + (ring ? ring->wait_seconds() : 0.0) + (features ? features->seconds() : 0.0);
     // Where a NaN or infinity came from: this rank's first non-finite tensor (collective: every
     // rank has the same loss, so all search and all stop).
     auto diagnosis = [&] {

@@ -6,6 +6,7 @@
 // in which every sum is taken (float for the 16-bit types: mixed precision). Shapes are checked
 // (longattn::Error). One thread per row (per column for the parameter gradients): rows are long
 // enough (E values) to keep every thread busy on its own.
+// Features split over a FeatureGroup (tensor parallelism): the overloads taking a group.
 #pragma once
 
 #include <Kokkos_Core.hpp>
@@ -16,6 +17,8 @@
 
 #include "longattn/core/attention.hpp"  // longattn::check_extents, check_no_alias, scalar_of
 #include "longattn/core/detail/eti.hpp"
+#include "longattn/core/execution_context.hpp"
+#include "longattn/core/feature_group.hpp"
 #include "longattn/error.hpp"
 #include "longattn/kokkos_compat.hpp"
 
@@ -33,6 +36,39 @@ void check_layer_norm(const char* where, const X& x, const Gamma& gamma, const S
   check_extents(where, "gamma", gamma, {E}, "[E] of x");
   check_extents(where, "mean", mean, {rows}, "[rows] of x");
   check_extents(where, "rstd", rstd, {rows}, "[rows] of x");
+}
+
+// And backward's: dy and dx as x, dgamma and dbeta as gamma.
+template <class DY, class X, class Gamma, class Stats, class DX, class DGamma>
+void check_layer_norm_backward(const char* where, const DY& dy, const X& x, const Gamma& gamma, const Stats& mean,
+                               const Stats& rstd, const DX& dx, const DGamma& dgamma, const DGamma& dbeta) {
+  check_layer_norm(where, x, gamma, mean, rstd);
+  const std::int64_t rows = x.extent(0), columns = x.extent(1);
+  longattn::check_extents(where, "dy", dy, {rows, columns}, "the extents of x");
+  longattn::check_extents(where, "dx", dx, {rows, columns}, "the extents of x");
+  longattn::check_extents(where, "dgamma", dgamma, {columns}, "[E] of x");
+  longattn::check_extents(where, "dbeta", dbeta, {columns}, "[E] of x");
+  // dy is read again after dx is written (the parameter gradients).
+  longattn::check_no_alias(where, "dx", dx, "dy", dy);
+}
+
+// dgamma += sum_rows dy x_hat, dbeta += sum_rows dy: one thread per column, rows in order.
+template <class ExecSpace, class DY, class X, class Stats, class DGamma>
+void layer_norm_parameter_gradients(const ExecSpace& exec, const DY& dy, const X& x, const Stats& mean,
+                                    const Stats& rstd, const DGamma& dgamma, const DGamma& dbeta) {
+  using A = typename DGamma::non_const_value_type;
+  const std::int64_t rows = x.extent(0);
+  Kokkos::parallel_for(
+      "longattn::layer_norm_backward::parameters", Kokkos::RangePolicy<ExecSpace>(exec, 0, int(x.extent(1))),
+      KOKKOS_LAMBDA(int e) {
+        A sum_gamma = 0, sum_beta = 0;
+        for (std::int64_t r = 0; r < rows; ++r) {
+          sum_gamma += A(dy(r, e)) * (A(x(r, e)) - mean(r)) * rstd(r);
+          sum_beta += A(dy(r, e));
+        }
+        dgamma(e) += sum_gamma;
+        dbeta(e) += sum_beta;
+      });
 }
 
 // The compiled entry points under layer_norm_forward and layer_norm_backward, per execution
@@ -117,16 +153,7 @@ void LayerNormKernels<ExecSpace, T, Layout>::backward(const ExecSpace& exec, con
         for (int e = 0; e < E; ++e)
           dx(r, e) = T(inverse * (A(dy(r, e)) * A(gamma(e)) - g_mean - (A(x(r, e)) - mu) * inverse * g_x_hat_mean));
       });
-  Kokkos::parallel_for(
-      "longattn::layer_norm_backward::parameters", Kokkos::RangePolicy<ExecSpace>(exec, 0, E), KOKKOS_LAMBDA(int e) {
-        A sum_gamma = 0, sum_beta = 0;
-        for (std::int64_t r = 0; r < rows; ++r) {
-          sum_gamma += A(dy(r, e)) * (A(x(r, e)) - mean(r)) * rstd(r);
-          sum_beta += A(dy(r, e));
-        }
-        dgamma(e) += sum_gamma;
-        dbeta(e) += sum_beta;
-      });
+  detail::layer_norm_parameter_gradients(exec, dy, x, mean, rstd, dgamma, dbeta);
 }
 
 // Compiled into liblongattn_core for both layouts (detail/eti.hpp).
@@ -179,15 +206,7 @@ void layer_norm_backward(const ExecSpace& exec, const DY& dy, const X& x, const 
                     std::is_same_v<accumulate_t<longattn::scalar_of<X>>, longattn::scalar_of<DGamma>>,
                 "layer_norm_backward: dy, x, gamma and dx hold one storage type T, mean, rstd, dgamma and dbeta "
                 "accumulate_t<T>");
-  const char* where = "longattn::layer_norm_backward";
-  detail::check_layer_norm(where, x, gamma, mean, rstd);
-  const std::int64_t rows = x.extent(0), columns = x.extent(1);
-  longattn::check_extents(where, "dy", dy, {rows, columns}, "the extents of x");
-  longattn::check_extents(where, "dx", dx, {rows, columns}, "the extents of x");
-  longattn::check_extents(where, "dgamma", dgamma, {columns}, "[E] of x");
-  longattn::check_extents(where, "dbeta", dbeta, {columns}, "[E] of x");
-  // dy is read again after dx is written (the parameter gradients).
-  longattn::check_no_alias(where, "dx", dx, "dy", dy);
+  detail::check_layer_norm_backward("longattn::layer_norm_backward", dy, x, gamma, mean, rstd, dx, dgamma, dbeta);
   using T = longattn::scalar_of<DX>;
   using A = accumulate_t<T>;
   const auto run = [&](auto kernels) {
@@ -199,6 +218,94 @@ void layer_norm_backward(const ExecSpace& exec, const DY& dy, const X& x, const 
   };
   if (detail::row_major(dy, x, dx)) run(detail::LayerNormKernels<ExecSpace, T, Kokkos::LayoutRight>{});
   else run(detail::LayerNormKernels<ExecSpace, T, Kokkos::LayoutStride>{});
+}
+
+// LayerNorm over features split across a FeatureGroup of P ranks (tensor parallelism): x, y, dy
+// and dx hold this rank's [rows, E / P] columns, gamma and beta (and their gradients) its part.
+// The row statistics are sums over the group - forward: the sum, then the centered squares (two
+// passes, as above); backward: sum(g) and sum(g x_hat) - so each rank computes its columns of
+// what one rank holding all E features computes. Row-major contiguous matrices (a module's
+// activations); backward's two sums per row come from ctx's pool.
+template <class ExecSpace, class X, class Gamma, class Y, class Stats>
+void layer_norm_forward(const ExecutionContext<ExecSpace>& ctx, const FeatureGroup<ExecSpace>& group, const X& x,
+                        const Gamma& gamma, const Gamma& beta, double eps, const Y& y, const Stats& mean,
+                        const Stats& rstd) {
+  using T = longattn::scalar_of<Y>;
+  using A = accumulate_t<T>;
+  static_assert(std::is_same_v<accumulate_t<longattn::scalar_of<X>>, A> && std::is_same_v<longattn::scalar_of<Stats>, A>,
+                "layer_norm_forward: x and y hold one storage type T, mean and rstd accumulate_t<T>");
+  const char* where = "longattn::layer_norm_forward (features split)";
+  detail::check_layer_norm(where, x, gamma, mean, rstd);
+  longattn::check_extents(where, "beta", beta, {std::int64_t(x.extent(1))}, "[E / P] of x");
+  longattn::check_extents(where, "y", y, {std::int64_t(x.extent(0)), std::int64_t(x.extent(1))}, "the extents of x");
+  require(detail::row_major(x, y), where, "x, y", "strided views", "row-major contiguous matrices");
+  require(eps > 0 && std::isfinite(eps), where, "eps", eps, "a positive finite number");
+  const ExecSpace& exec = ctx.exec();
+  const int E = int(x.extent(1));
+  const A features = A(double(E) * group.size()), epsilon = A(eps);
+  using Rows = Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>;
+  Kokkos::parallel_for(
+      "longattn::layer_norm_forward::sums", Rows(exec, 0, x.extent(0)), KOKKOS_LAMBDA(std::int64_t r) {
+        A sum = 0;
+        for (int e = 0; e < E; ++e) sum += A(x(r, e));
+        mean(r) = sum;
+      });
+  group.sum(exec, mean.data(), mean.extent(0));
+  Kokkos::parallel_for(
+      "longattn::layer_norm_forward::squares", Rows(exec, 0, x.extent(0)), KOKKOS_LAMBDA(std::int64_t r) {
+        const A mu = mean(r) / features;
+        A squares = 0;
+        for (int e = 0; e < E; ++e) squares += (A(x(r, e)) - mu) * (A(x(r, e)) - mu);
+        mean(r) = mu;
+        rstd(r) = squares;
+      });
+  group.sum(exec, rstd.data(), rstd.extent(0));
+  Kokkos::parallel_for(
+      "longattn::layer_norm_forward::normalize", Rows(exec, 0, x.extent(0)), KOKKOS_LAMBDA(std::int64_t r) {
+        const A mu = mean(r), inverse = A(1) / math::sqrt(rstd(r) / features + epsilon);
+        for (int e = 0; e < E; ++e) y(r, e) = T((A(x(r, e)) - mu) * inverse * A(gamma(e)) + A(beta(e)));
+        rstd(r) = inverse;
+      });
+}
+
+template <class ExecSpace, class DY, class X, class Gamma, class Stats, class DX, class DGamma>
+void layer_norm_backward(const ExecutionContext<ExecSpace>& ctx, const FeatureGroup<ExecSpace>& group, const DY& dy,
+                         const X& x, const Gamma& gamma, const Stats& mean, const Stats& rstd, const DX& dx,
+                         const DGamma& dgamma, const DGamma& dbeta) {
+  using T = longattn::scalar_of<DX>;
+  using A = accumulate_t<T>;
+  const char* where = "longattn::layer_norm_backward (features split)";
+  detail::check_layer_norm_backward(where, dy, x, gamma, mean, rstd, dx, dgamma, dbeta);
+  require(detail::row_major(dy, x, dx), where, "dy, x, dx", "strided views", "row-major contiguous matrices");
+  const std::int64_t rows = x.extent(0), columns = x.extent(1);
+  const ExecSpace& exec = ctx.exec();
+  const int E = int(columns);
+  const A features = A(double(E) * group.size());
+  // sums(r, 0) = sum_e g, sums(r, 1) = sum_e g x_hat over the row's columns, then over the group.
+  const auto sums = ctx.template allocate<Kokkos::View<A**, Kokkos::LayoutRight, typename ExecSpace::memory_space>>(
+      std::size_t(rows), std::size_t(2));
+  const auto s = sums.view();
+  using Rows = Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>;
+  Kokkos::parallel_for(
+      "longattn::layer_norm_backward::sums", Rows(exec, 0, rows), KOKKOS_LAMBDA(std::int64_t r) {
+        const A mu = mean(r), inverse = rstd(r);
+        A g_sum = 0, g_x_hat_sum = 0;
+        for (int e = 0; e < E; ++e) {
+          const A g = A(dy(r, e)) * A(gamma(e));
+          g_sum += g;
+          g_x_hat_sum += g * (A(x(r, e)) - mu) * inverse;
+        }
+        s(r, 0) = g_sum;
+        s(r, 1) = g_x_hat_sum;
+      });
+  group.sum(exec, s.data(), s.size());
+  Kokkos::parallel_for(
+      "longattn::layer_norm_backward::dx", Rows(exec, 0, rows), KOKKOS_LAMBDA(std::int64_t r) {
+        const A mu = mean(r), inverse = rstd(r), g_mean = s(r, 0) / features, g_x_hat_mean = s(r, 1) / features;
+        for (int e = 0; e < E; ++e)
+          dx(r, e) = T(inverse * (A(dy(r, e)) * A(gamma(e)) - g_mean - (A(x(r, e)) - mu) * inverse * g_x_hat_mean));
+      });
+  detail::layer_norm_parameter_gradients(exec, dy, x, mean, rstd, dgamma, dbeta);
 }
 
 }  // namespace longattn

@@ -24,6 +24,16 @@
 // space's default instance and pool). Inputs are contiguous LayoutRight views.
 // set_attention_runner() replaces how the attention step runs (attention_runner.hpp): ring
 // attention over a context-parallel group, where x holds this rank's shard of the sequence.
+//
+// Tensor parallelism (Megatron-LM), given a FeatureGroup of P ranks (feature_group.hpp): rank p
+// holds heads [p H/P, (p + 1) H/P) and so features F = E/P of them. W_qkv is column-parallel (its
+// q, k and v rows of those features: [3F, E], b_qkv [3F]), W_out row-parallel (its columns of
+// them: [E, F]), the sub-LayerNorm's gamma and beta [F] with row statistics summed over the
+// group; b_out [E] is whole on every rank. Forward sums the output projection's partial products
+// over the group (b_out added once), backward the input's partial gradients dx: two all-reduces
+// of [B N, E] and three of row statistics per pass. x and y, dy and dx are whole [B, N, E] on
+// every rank. The weights are the whole layer's, seeded alike, cut to the rank's part
+// (feature_splits() says how), so P ranks compute what one does.
 #pragma once
 
 #include <Kokkos_Core.hpp>
@@ -35,10 +45,12 @@
 #include <string>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "longattn/core/attention.hpp"
 #include "longattn/core/attention_runner.hpp"
 #include "longattn/core/attention_spec.hpp"
+#include "longattn/core/feature_group.hpp"
 #include "longattn/core/gemm.hpp"
 #include "longattn/core/layer_norm.hpp"
 #include "longattn/core/execution_context.hpp"
@@ -84,27 +96,45 @@ class MultiheadAttention {
   using Flat = Kokkos::View<T*, memory_space>;
   using GradientFlat = Kokkos::View<Accumulate*, memory_space>;
 
-  // Named views into parameters() (of T) or gradients() (of Accumulate).
+  // Named views into parameters() (of T) or gradients() (of Accumulate); F = E / P features of
+  // this rank (E without tensor parallelism).
   template <class Value>
   struct TensorsOf {
     using Vector = Kokkos::View<Value*, memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
     using Matrix = Kokkos::View<Value**, Kokkos::LayoutRight, memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
-    Matrix w_qkv;  // [3E, E]
-    Vector b_qkv;  // [3E]
-    Matrix w_out;  // [E, E]
+    Matrix w_qkv;  // [3F, E]
+    Vector b_qkv;  // [3F]
+    Matrix w_out;  // [E, F]
     Vector b_out;  // [E]
-    Vector ln_gamma, ln_beta;  // [E], or empty without the sub-LayerNorm
+    Vector ln_gamma, ln_beta;  // [F], or empty without the sub-LayerNorm
+  };
+  // How each tensor of TensorsOf is this rank's part of the whole layer's.
+  struct Splits {
+    FeatureSplit w_qkv, b_qkv, w_out, b_out, ln_gamma, ln_beta;
   };
   using Tensors = TensorsOf<T>;
   using GradientTensors = TensorsOf<Accumulate>;
   using Vector = typename Tensors::Vector;
   using Matrix = typename Tensors::Matrix;
 
-  MultiheadAttention(const Context& context, int embed_dim, int heads, const MultiheadAttentionOptions& options = {})
+  using Features = FeatureGroup<ExecSpace>;
+
+  // `features`: the tensor-parallel group this rank holds a part of the layer for; nullptr (or a
+  // group of one): all of it.
+  MultiheadAttention(const Context& context, int embed_dim, int heads, const MultiheadAttentionOptions& options = {},
+                     std::shared_ptr<const Features> features = nullptr)
       : context_(context), embed_dim_(embed_dim), heads_(heads), options_(options),
-        runner_(std::make_shared<LocalAttention<ExecSpace, T>>(options.attention, options.causal)) {
+        runner_(std::make_shared<LocalAttention<ExecSpace, T>>(options.attention, options.causal)),
+        features_(features && features->size() > 1 ? std::move(features) : nullptr),
+        parts_(features_ ? features_->size() : 1), part_(features_ ? features_->rank() : 0) {
     const char* where = "longattn::MultiheadAttention";
     require(heads > 0, where, "heads", heads, "at least 1");
+    require(heads % parts_ == 0, where, "heads", heads,
+            "a multiple of the " + std::to_string(parts_) + " ranks of the tensor-parallel group");
+    require(options.attention.kind != AttentionSpec::Kind::dilated || parts_ == 1, where, "options.attention",
+            to_string(options.attention),
+            "dense or block-sparse attention under tensor parallelism (dilated attention's offsets follow the "
+            "head index over all heads)");
     require(embed_dim > 0 && embed_dim % heads == 0, where, "embed_dim", embed_dim,
             "a positive multiple of heads = " + std::to_string(heads));
     require(embed_dim / heads <= attention_max_head_dim, where, "embed_dim / heads", embed_dim / heads,
@@ -135,6 +165,15 @@ class MultiheadAttention {
   int embed_dim() const { return embed_dim_; }
   int heads() const { return heads_; }
   int head_dim() const { return embed_dim_ / heads_; }
+  int local_heads() const { return heads_ / parts_; }          // this rank's (all without a group)
+  int local_features() const { return local_heads() * head_dim(); }
+  const std::shared_ptr<const Features>& features() const { return features_; }
+  Splits feature_splits() const {
+    const std::size_t E = embed_dim_;
+    const bool norm = options_.sub_layer_norm;
+    return {FeatureSplit::by_rows(E, E, 3), FeatureSplit::by_rows(E, 1, 3), FeatureSplit::by_columns(E, E),
+            FeatureSplit::whole(E), FeatureSplit::by_rows(norm ? E : 0, 1), FeatureSplit::by_rows(norm ? E : 0, 1)};
+  }
   const AttentionSpec& attention() const { return options_.attention; }
   const MultiheadAttentionOptions& options() const { return options_; }
   const Context& context() const { return context_; }
@@ -152,9 +191,10 @@ class MultiheadAttention {
   }
   const std::shared_ptr<Runner>& attention_runner() const { return runner_; }
 
+  // This rank's parameters (the whole layer's without a group).
   std::size_t parameter_count() const {
-    const std::size_t E = embed_dim_;
-    return 4 * E * E + 4 * E + (options_.sub_layer_norm ? 2 * E : 0);
+    const std::size_t E = embed_dim_, F = local_features();
+    return 4 * F * E + 3 * F + E + (options_.sub_layer_norm ? 2 * F : 0);
   }
   // Views of the module's memory (from the context's pool): valid while the module lives.
   Flat parameters() const { return parameters_; }
@@ -168,14 +208,14 @@ class MultiheadAttention {
   // ones, and unless options.recompute_attention the attention's outputs (A, LSE, Z, statistics).
   std::size_t activation_bytes(int batch, std::int64_t tokens) const {
     const std::size_t rows = checked_rows("longattn::MultiheadAttention::activation_bytes", batch, tokens);
-    return sizeof(T) * (3 * rows * embed_dim_ + rows) + (options_.recompute_attention ? 0 : output_bytes(rows));
+    return sizeof(T) * (3 * rows * local_features() + rows) + (options_.recompute_attention ? 0 : output_bytes(rows));
   }
   // Bytes backward() takes from the pool while it runs (and gives back): the gradients of the
   // projections' inputs and outputs, and under options.recompute_attention the recomputed outputs.
   std::size_t backward_workspace_bytes(int batch, std::int64_t tokens) const {
     const std::size_t rows = checked_rows("longattn::MultiheadAttention::backward_workspace_bytes", batch, tokens);
-    const std::size_t E = embed_dim_;
-    return sizeof(T) * (rows * E + 3 * rows * E + (options_.sub_layer_norm ? rows * E : 0)) +
+    const std::size_t F = local_features();
+    return sizeof(T) * (rows * F + 3 * rows * F + (options_.sub_layer_norm ? rows * F : 0)) +
            (options_.recompute_attention ? output_bytes(rows) : 0);
   }
 
@@ -204,8 +244,13 @@ class MultiheadAttention {
       gemm(context_, "N", "T", one, x_rows, rows_block(weights_.w_qkv, i), one, matrix(qkv_, i));
     }
     attend(exec);
-    broadcast_rows(exec, weights_.b_out, rows_of(y));
+    // y = Z W_out^T + b_out: each rank's partial product over its features, summed; b_out once.
+    if (part_ == 0)
+      broadcast_rows(exec, weights_.b_out, rows_of(y));
+    else
+      Kokkos::deep_copy(exec, y, T(0.0));
     gemm(context_, "N", "T", one, projection_input(), weights_.w_out, one, rows_of(y));
+    if (features_) features_->sum(exec, y.data(), y.size());
     if (options_.recompute_attention) release_outputs();
   }
 
@@ -218,11 +263,11 @@ class MultiheadAttention {
     check_no_alias(where, "dx", dx, "x (of the forward pass)", x_);
     const ExecSpace& exec = context_.exec();
     if (attention_out_.size() == 0) attend(exec);  // recompute_attention: A, LSE and Z again
-    const std::size_t rows = x_.extent(0) * x_.extent(1), E = embed_dim_;
-    const auto d_projection = context_.template allocate<Activations>(rows, E);
-    const auto d_attention = options_.sub_layer_norm ? context_.template allocate<Activations>(rows, E)
+    const std::size_t rows = x_.extent(0) * x_.extent(1), F = local_features();
+    const auto d_projection = context_.template allocate<Activations>(rows, F);
+    const auto d_attention = options_.sub_layer_norm ? context_.template allocate<Activations>(rows, F)
                                                      : memory::PooledView<Activations>();
-    const auto d_qkv = context_.template allocate<Projections>(3, rows, E);
+    const auto d_qkv = context_.template allocate<Projections>(3, rows, F);
     const auto dy_rows = rows_of(dy);
     const auto x_rows = rows_of(x_);
     const GradientTensors& grad = weight_gradients_;
@@ -230,7 +275,10 @@ class MultiheadAttention {
     add_column_sums(exec, dy_rows, ones_.view(), grad.b_out);
     gemm(context_, "T", "N", one, dy_rows, projection_input(), one, grad.w_out);
     gemm(context_, "N", "N", one, dy_rows, weights_.w_out, zero, matrix(d_projection));
-    if (options_.sub_layer_norm)
+    if (options_.sub_layer_norm && features_)
+      layer_norm_backward(context_, *features_, matrix(d_projection), matrix(attention_out_), weights_.ln_gamma,
+                          mean_.view(), rstd_.view(), matrix(d_attention), grad.ln_gamma, grad.ln_beta);
+    else if (options_.sub_layer_norm)
       layer_norm_backward(exec, matrix(d_projection), matrix(attention_out_), weights_.ln_gamma, mean_.view(),
                           rstd_.view(), matrix(d_attention), grad.ln_gamma, grad.ln_beta);
     const auto& d_output = options_.sub_layer_norm ? d_attention : d_projection;
@@ -242,6 +290,7 @@ class MultiheadAttention {
       gemm(context_, "T", "N", one, matrix(d_qkv, i), x_rows, one, rows_block(grad.w_qkv, i));
       gemm(context_, "N", "N", one, matrix(d_qkv, i), rows_block(weights_.w_qkv, i), i == 0 ? zero : one, rows_of(dx));
     }
+    if (features_) features_->sum(exec, dx.data(), dx.size());  // each rank's features' share of dx
     if (options_.recompute_attention) release_outputs();
   }  // the workspace goes back to the pool, reused in stream order by later work on the instance
 
@@ -267,35 +316,39 @@ class MultiheadAttention {
     using Tensors = TensorsOf<typename View::value_type>;
     using Matrix = typename Tensors::Matrix;
     using Vector = typename Tensors::Vector;
-    const std::size_t E = embed_dim_;
+    const std::size_t E = embed_dim_, F = local_features();
     auto* p = flat.data();
     Tensors t;
-    t.w_qkv = Matrix(p, 3 * E, E), p += 3 * E * E;
-    t.b_qkv = Vector(p, 3 * E), p += 3 * E;
-    t.w_out = Matrix(p, E, E), p += E * E;
+    t.w_qkv = Matrix(p, 3 * F, E), p += 3 * F * E;
+    t.b_qkv = Vector(p, 3 * F), p += 3 * F;
+    t.w_out = Matrix(p, E, F), p += E * F;
     t.b_out = Vector(p, E), p += E;
     if (options_.sub_layer_norm) {
-      t.ln_gamma = Vector(p, E), p += E;
-      t.ln_beta = Vector(p, E);
+      t.ln_gamma = Vector(p, F), p += F;
+      t.ln_beta = Vector(p, F);
     }
     return t;
   }
 
-  // MAGNETO: Xavier-normal std = gain * sqrt(2 / (fan_in + fan_out)) = gain / sqrt(E).
+  // MAGNETO: Xavier-normal std = gain * sqrt(2 / (fan_in + fan_out)) = gain / sqrt(E). The whole
+  // layer's weights, then this rank's part of each.
   void initialize_parameters() {
-    const auto host = Kokkos::create_mirror_view(parameters_.view());
     const std::size_t E = embed_dim_;
+    std::vector<T> w_qkv(3 * E * E), b_qkv(3 * E, T(0.0)), w_out(E * E), b_out(E, T(0.0));
     std::mt19937_64 rng(options_.seed);
     std::normal_distribution<double> normal(0.0, 1.0 / std::sqrt(double(E)));
-    T* p = host.data();
-    for (std::size_t i = 0; i < 3 * E * E; ++i) *p++ = T(normal(rng) * (i < 2 * E * E ? 1.0 : options_.gamma_init));
-    for (std::size_t i = 0; i < 3 * E; ++i) *p++ = T(0.0);
-    for (std::size_t i = 0; i < E * E; ++i) *p++ = T(normal(rng) * options_.gamma_init);
-    for (std::size_t i = 0; i < E; ++i) *p++ = T(0.0);
-    if (options_.sub_layer_norm) {
-      for (std::size_t i = 0; i < E; ++i) *p++ = T(1.0);
-      for (std::size_t i = 0; i < E; ++i) *p++ = T(0.0);
-    }
+    for (std::size_t i = 0; i < 3 * E * E; ++i) w_qkv[i] = T(normal(rng) * (i < 2 * E * E ? 1.0 : options_.gamma_init));
+    for (std::size_t i = 0; i < E * E; ++i) w_out[i] = T(normal(rng) * options_.gamma_init);
+    const std::vector<T> gamma(options_.sub_layer_norm ? E : 0, T(1.0)), beta(gamma.size(), T(0.0));
+    const auto host = Kokkos::create_mirror_view(parameters_.view());
+    const Splits splits = feature_splits();
+    const Tensors t = carve(host);
+    splits.w_qkv.extract(parts_, part_, w_qkv.data(), t.w_qkv.data());
+    splits.b_qkv.extract(parts_, part_, b_qkv.data(), t.b_qkv.data());
+    splits.w_out.extract(parts_, part_, w_out.data(), t.w_out.data());
+    splits.b_out.extract(parts_, part_, b_out.data(), t.b_out.data());
+    splits.ln_gamma.extract(parts_, part_, gamma.data(), t.ln_gamma.data());
+    splits.ln_beta.extract(parts_, part_, beta.data(), t.ln_beta.data());
     Kokkos::deep_copy(context_.exec(), parameters_.view(), host);
     context_.exec().fence();  // host is freed on return
   }
@@ -308,9 +361,9 @@ class MultiheadAttention {
   // The attention's outputs for `rows` tokens: A, LSE per head, and with the sub-LayerNorm Z
   // and its mean and rstd.
   std::size_t output_bytes(std::size_t rows) const {
-    const std::size_t E = embed_dim_;
-    return sizeof(T) * (rows * E + (options_.sub_layer_norm ? rows * E : 0)) +
-           sizeof(Accumulate) * (rows * heads_ + (options_.sub_layer_norm ? 2 * rows : 0));
+    const std::size_t F = local_features();
+    return sizeof(T) * (rows * F + (options_.sub_layer_norm ? rows * F : 0)) +
+           sizeof(Accumulate) * (rows * local_heads() + (options_.sub_layer_norm ? 2 * rows : 0));
   }
 
   // (Re)allocates Q, K, V and the ones for B sequences of N tokens (the previous activations go
@@ -319,8 +372,8 @@ class MultiheadAttention {
   void reserve(const ExecSpace& exec, int batch, std::int64_t tokens) {
     if (batch == batch_ && tokens == tokens_) return;
     release_activations();
-    const std::size_t rows = std::size_t(batch) * tokens, E = embed_dim_;
-    qkv_ = context_.template allocate<Projections>(3, rows, E);
+    const std::size_t rows = std::size_t(batch) * tokens;
+    qkv_ = context_.template allocate<Projections>(3, rows, std::size_t(local_features()));
     ones_ = context_.template allocate<RowValues>(rows);
     Kokkos::deep_copy(exec, ones_.view(), T(1.0));
     batch_ = batch;
@@ -331,17 +384,20 @@ class MultiheadAttention {
   // from the pool when not held: always under recompute_attention, else after a reserve()).
   void attend(const ExecSpace& exec) {
     if (attention_out_.size() == 0) {
-      const std::size_t rows = std::size_t(batch_) * tokens_, E = embed_dim_;
-      attention_out_ = context_.template allocate<Activations>(rows, E);
-      lse_ = context_.template allocate<Lse>(batch_, heads_, tokens_);
+      const std::size_t rows = std::size_t(batch_) * tokens_, F = local_features();
+      attention_out_ = context_.template allocate<Activations>(rows, F);
+      lse_ = context_.template allocate<Lse>(batch_, local_heads(), tokens_);
       if (options_.sub_layer_norm) {
-        normalized_ = context_.template allocate<Activations>(rows, E);
+        normalized_ = context_.template allocate<Activations>(rows, F);
         mean_ = context_.template allocate<RowStats>(rows);
         rstd_ = context_.template allocate<RowStats>(rows);
       }
     }
     runner_->forward(context_, attention_inputs(), {heads_view(attention_out_), lse_.view()});
-    if (options_.sub_layer_norm)
+    if (options_.sub_layer_norm && features_)
+      layer_norm_forward(context_, *features_, matrix(attention_out_), weights_.ln_gamma, weights_.ln_beta,
+                         options_.layer_norm_eps, matrix(normalized_), mean_.view(), rstd_.view());
+    else if (options_.sub_layer_norm)
       layer_norm_forward(exec, matrix(attention_out_), weights_.ln_gamma, weights_.ln_beta, options_.layer_norm_eps,
                          matrix(normalized_), mean_.view(), rstd_.view());
   }
@@ -368,17 +424,17 @@ class MultiheadAttention {
   static Matrix matrix(const Projections& p, int i) {
     return Matrix(p.data() + i * p.extent(1) * p.extent(2), p.extent(1), p.extent(2));
   }
-  template <class M>  // a matrix of weights or of gradients
+  template <class M>  // q, k or v's rows of W_qkv (weights or gradients)
   static M rows_block(const M& w, int i) {
-    const std::size_t E = w.extent(1);
-    return M(w.data() + i * E * E, E, E);
+    const std::size_t rows = w.extent(0) / 3, cols = w.extent(1);
+    return M(w.data() + i * rows * cols, rows, cols);
   }
   template <class V>
   static V slice(const V& b, int i) {
     const std::size_t E = b.extent(0) / 3;
     return V(b.data() + i * E, E);
   }
-  Heads heads_view(T* data) const { return Heads(data, batch_, tokens_, heads_, head_dim()); }
+  Heads heads_view(T* data) const { return Heads(data, batch_, tokens_, local_heads(), head_dim()); }
   Heads heads_view(const Activations& a) const { return heads_view(a.data()); }
   Heads heads_view(const Projections& p, int i) const { return heads_view(p.data() + i * p.extent(1) * p.extent(2)); }
 
@@ -386,6 +442,8 @@ class MultiheadAttention {
   int embed_dim_, heads_;
   MultiheadAttentionOptions options_;
   std::shared_ptr<Runner> runner_;
+  std::shared_ptr<const Features> features_;  // nullptr: the whole layer on this rank
+  int parts_, part_;
   memory::PooledView<Flat> parameters_;
   memory::PooledView<GradientFlat> gradients_;
   Tensors weights_;

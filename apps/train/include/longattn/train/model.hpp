@@ -23,6 +23,15 @@
 // first) and runs the other blocks' forward again in backward, one block at a time. Buffers
 // backward needs only while it runs come from the pool and go back to it.
 //
+// Tensor parallelism (Megatron-LM), given a FeatureGroup of P ranks: each block's attention holds
+// H / P heads (multihead_attention.hpp) and its MLP F / P hidden features - W1 and b1 column-
+// parallel (rows of those features), W2 row-parallel (their columns), b2 whole - so each sublayer
+// ends in one all-reduce of its output forward and one of its input's gradient backward.
+// Embeddings, LayerNorms and the head are whole on every rank (V = 256: nothing to gain from
+// splitting them), computed alike from the same inputs. Each group says how it is this rank's
+// part of the whole model's tensor (ParameterGroup::split); weights initialize whole and are cut,
+// so P ranks train the model one rank does.
+//
 // Every matrix product is a gemm (Kokkos Kernels); the rest are Kokkos kernels. All of it runs
 // in the model's ExecutionContext: on its instance, parameters, activations and gradients from
 // its pool (the attention layers share the context).
@@ -72,7 +81,8 @@ struct ParameterGroup {
   T* values;
   accumulate_t<T>* gradients;
   std::size_t count;
-  bool decay;  // matrices decay (AdamW), biases, norms and embeddings do not
+  bool decay;           // matrices decay (AdamW), biases, norms and embeddings do not
+  FeatureSplit split{};  // how `values` are this rank's part of the whole tensor (tensor parallelism)
 };
 
 template <class ExecSpace, class T>
@@ -84,6 +94,7 @@ class Transformer {
   using Positions = Kokkos::View<int*, memory_space>;                        // [n]
   using Attention = MultiheadAttention<ExecSpace, T>;
   using Context = ExecutionContext<ExecSpace>;
+  using Features = FeatureGroup<ExecSpace>;
 
   // This rank's part of a batch: inputs, next-token targets, loss weights (1 or 0) and the
   // global positions of its tokens.
@@ -93,9 +104,15 @@ class Transformer {
     Positions positions;
   };
 
-  Transformer(const Context& context, const ModelConfig& config) : context_(context), config_(config) {
+  // `features`: the tensor-parallel group (nullptr or a group of one: the whole model here).
+  Transformer(const Context& context, const ModelConfig& config, std::shared_ptr<const Features> features = nullptr)
+      : context_(context), config_(config), features_(features && features->size() > 1 ? std::move(features) : nullptr),
+        parts_(features_ ? features_->size() : 1), part_(features_ ? features_->rank() : 0) {
     validate(config);
-    const std::size_t E = config.embed, F = config.hidden(), V = ModelConfig::vocab, N = config.context;
+    require(config.hidden() % parts_ == 0, "longattn::train::Transformer", "features", parts_,
+            "a tensor-parallel group whose size divides the hidden size 4 x embed = " +
+                std::to_string(config.hidden()));
+    const std::size_t E = config.embed, F = local_hidden(), V = ModelConfig::vocab, N = config.context;
     MultiheadAttentionOptions options;
     options.attention = config.attention;
     options.causal = true;
@@ -123,7 +140,7 @@ class Transformer {
     embedding_ = {take(V * E), take(N * E)};
     for (int l = 0; l < config.layers; ++l) {
       options.seed = seeds();
-      blocks_[l].attention = std::make_unique<Attention>(context_, config.embed, config.heads, options);
+      blocks_[l].attention = std::make_unique<Attention>(context_, config.embed, config.heads, options, features_);
     }
     initialize(seeds());
     list_groups();
@@ -136,11 +153,19 @@ class Transformer {
   const ModelConfig& config() const { return config_; }
   const Context& context() const { return context_; }
   const std::vector<ParameterGroup<T>>& parameter_groups() const { return groups_; }
+  // This rank's parameters, and the whole model's (the same without tensor parallelism).
   std::size_t parameter_count() const {
     std::size_t n = 0;
     for (const auto& g : groups_) n += g.count;
     return n;
   }
+  std::size_t whole_parameter_count() const {
+    std::size_t n = 0;
+    for (const auto& g : groups_) n += g.split.whole_count();
+    return n;
+  }
+  int tensor_parts() const { return parts_; }
+  int tensor_part() const { return part_; }
   // Every layer's attention runs through `runner` (context parallelism, attention_runner.hpp).
   void set_attention_runner(const std::shared_ptr<AttentionRunner<ExecSpace, T>>& runner) {
     for (Block& b : blocks_) b.attention->set_attention_runner(runner);
@@ -219,15 +244,23 @@ class Transformer {
   using Tokens3 = Kokkos::View<T***, Kokkos::LayoutRight, memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
   Tokens3 tokens3(const Rows& r) const { return Tokens3(r.data(), batch_, tokens_, r.extent(1)); }
 
-  // y = x W^T + b; and its backward: db += colsum(dy), dW += dy^T x, dx (=|+=) dy W.
-  void linear_forward(const Matrix& x, std::size_t w, std::size_t b, const Matrix& y) const;
-  void linear_backward(const Matrix& x, const Matrix& dy, std::size_t w, std::size_t b, const Matrix& dx) const;
+  // How a linear layer's weights are split over the tensor-parallel group: whole, by output
+  // features (column-parallel: dx summed over the group backward) or by input features
+  // (row-parallel: y summed over the group forward, b added once).
+  enum class Parallel { whole, column, row };
+  // y = x W^T + b; and its backward: db += colsum(dy), dW += dy^T x, dx = dy W.
+  void linear_forward(const Matrix& x, std::size_t w, std::size_t b, const Matrix& y, Parallel parallel) const;
+  void linear_backward(const Matrix& x, const Matrix& dy, std::size_t w, std::size_t b, const Matrix& dx,
+                       Parallel parallel) const;
+  std::size_t local_hidden() const { return std::size_t(config_.hidden() / parts_); }
   void norm_forward(const Matrix& x, std::size_t ln, const Matrix& y, LayerNormStats& stats) const;
   void norm_backward(const Matrix& dy, const Matrix& x, std::size_t ln, const LayerNormStats& stats,
                      const Matrix& dx) const;
 
   Context context_;
   ModelConfig config_;
+  std::shared_ptr<const Features> features_;  // nullptr: the whole model on this rank
+  int parts_, part_;
   memory::PooledView<Flat> values_;
   memory::PooledView<GradientFlat> gradients_;
   Head head_;

@@ -12,8 +12,10 @@
 // weights, updates them and writes their rounded values into the model's parameters (mixed
 // precision). step() takes the loss scale the gradients carry and divides it out; with a
 // non-finite gradient it changes nothing (fp16 loss scaling skips that step). Under ZeRO 1
-// (zero.hpp) each rank's AdamW has its shard of the groups, and `squares_over_ranks` sums the
-// squared gradient norm over the ranks so that every rank clips by the same global norm.
+// (zero.hpp) each rank's AdamW has its shard of the groups, and under tensor parallelism part of
+// some tensors: `squares_over_ranks` then sums the squared gradient norm over the ranks (the
+// squares of split tensors apart from those of whole ones, which tensor-parallel ranks hold
+// alike) so that every rank clips by the same global norm.
 #pragma once
 
 #include <Kokkos_Core.hpp>
@@ -55,9 +57,14 @@ class AdamW {
   using Context = ExecutionContext<ExecSpace>;
   static constexpr bool keeps_master_weights = is_half_v<T>;
 
-  // The sum over the ranks sharing the parameters of each rank's squared gradient norm; empty:
-  // this rank's groups are all of them.
-  using SquaresOverRanks = std::function<double(double)>;
+  // This rank's squared gradient norm: of the groups that are parts of split tensors
+  // (ParameterGroup::split), and of the others.
+  struct Squares {
+    double split = 0, whole = 0;
+  };
+  // The whole model's squared gradient norm from every rank's Squares; empty: this rank's groups
+  // are all of the model.
+  using SquaresOverRanks = std::function<double(const Squares&)>;
 
   AdamW(const Context& context, const OptimizerConfig& config, const std::vector<ParameterGroup<T>>& groups,
         SquaresOverRanks squares_over_ranks = {})
@@ -84,16 +91,16 @@ class AdamW {
   // The gradients' global norm (every rank holds the same, all-reduced gradients). Collective
   // over the ranks when squares_over_ranks was given.
   double gradient_norm() const {
-    double squares = 0;
+    Squares squares;
     for (const auto& g : groups_) {
       const Accumulate* grad = g.gradients;
       double sum = 0;
       Kokkos::parallel_reduce(
           "longattn::train::gradient_norm", Kokkos::RangePolicy<ExecSpace>(context_.exec(), 0, std::int64_t(g.count)),
           KOKKOS_LAMBDA(std::int64_t i, double& s) { s += double(grad[i]) * double(grad[i]); }, sum);
-      squares += sum;
+      (g.split.split() ? squares.split : squares.whole) += sum;
     }
-    return std::sqrt(squares_over_ranks_ ? squares_over_ranks_(squares) : squares);
+    return std::sqrt(squares_over_ranks_ ? squares_over_ranks_(squares) : squares.split + squares.whole);
   }
 
   // One update at learning rate lr of gradients that carry a factor loss_scale; returns the

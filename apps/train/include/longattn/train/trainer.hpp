@@ -1,14 +1,18 @@
-// The training loop of longattn-train: a data-parallel x context-parallel grid of ranks trains a
+// The training loop of longattn-train: a grid of tensor-, context- and data-parallel ranks trains a
 // Transformer (model.hpp) on a Dataset (data.hpp) with AdamW (optimizer.hpp).
 //
-//   world of W ranks = dp x cp:  rank r is context rank r % cp of data-parallel group r / cp
-//   each step: the global batch (`batch` sequences) is split over the dp groups; a context group
+//   world of W ranks = dp x cp x tp, tp innermost (a tensor-parallel group on neighbouring ranks,
+//   so within a node):  rank r is tensor rank r % tp, context rank (r / tp) % cp, data-parallel
+//   group r / (tp cp)
+//   each step: the tp ranks of a group run the same tokens, each with its part of every block
+//   (model.hpp: H / tp heads, 4E / tp MLP features); the global batch (`batch` sequences) is split over the dp groups; a context group
 //   splits each of its sequences' tokens over its cp ranks, whose attention is ring attention
 //   (or distributed dilated attention); a rank runs its batch / dp sequences as micro-batches of
 //   `micro_batch` sequences, forward and backward each, accumulating gradients; during the last
-//   micro-batch's backward every rank's parameter gradients are summed over the world by the
-//   bucketed hierarchical all-reduce; every rank then takes the same AdamW step (with ZeRO 1:
-//   each rank updates its shard of the parameters, and an all-gather gives every rank all of them).
+//   micro-batch's backward every rank's parameter gradients are summed by the bucketed
+//   hierarchical all-reduce over the dp x cp ranks that hold the same parameters (the same tensor
+//   rank); they then take the same AdamW step (with ZeRO 1: each updates its shard of the
+//   parameters, and an all-gather over them gives each all of them).
 //
 // The loss is the mean over the global batch's weighted tokens whatever dp and cp are, so a run
 // gives the same losses on any grid (up to rounding). The model, its gradients and the
@@ -72,8 +76,9 @@ struct TrainConfig {
   int steps = 60;                   // the schedule's length
   std::int64_t batch = 16;          // sequences per step, over all data-parallel groups
   std::int64_t micro_batch = 0;     // sequences per forward/backward on a rank; 0: all its batch / dp
-  int cp = 1;                       // context-parallel ranks per sequence; dp = ranks / cp
-  int zero = 0;                     // ZeRO stage: 0, or 1 (AdamW's state sharded over the ranks, zero.hpp)
+  int cp = 1;                       // context-parallel ranks per sequence
+  int tp = 1;                       // tensor-parallel ranks per layer (heads and MLP features split); dp = ranks / (tp cp)
+  int zero = 0;                     // ZeRO stage: 0, or 1 (AdamW's state sharded over the dp x cp ranks, zero.hpp)
   std::uint64_t data_seed = 1;      // the train and validation batches
   int eval_every = 20;              // steps between validation losses (0: only at the end)
   int eval_batches = 4;             // global batches per validation
@@ -108,11 +113,11 @@ struct EvalRecord {
 };
 
 struct TrainResult {
-  int dp = 1, cp = 1, first_step = 1;  // first_step > 1: resumed
+  int dp = 1, cp = 1, tp = 1, first_step = 1;  // first_step > 1: resumed
   std::int64_t micro_batches = 1;      // per step on each rank
-  std::size_t parameters = 0;
+  std::size_t parameters = 0;          // the whole model's
   std::size_t model_state_bytes = 0;   // parameters, their gradients and AdamW's state (its shard
-                                       // under ZeRO 1), per rank
+                                       // under ZeRO 1) of this rank's part of the model, per rank
   std::size_t bucket_bytes = 0;        // the gradient all-reduce's buffers, per rank
   double flops_per_step = 0, peak_gflops = 0;
   // longattn-plan's memory per rank for this run (prediction.hpp), its terms by name; none when
@@ -130,7 +135,8 @@ struct TrainResult {
 // Collective over `world`. Rank 0 prints to `log` (nullptr: nothing). A step that fails on a
 // rank (the memory limit reached, any longattn::Error before the optimizer's update) ends the
 // run from that rank: it writes the last good state, the step's start, to config.checkpoint
-// when there is one (not under ZeRO 1 with several ranks: no rank holds all of AdamW's state),
+// when there is one (not under ZeRO 1 with several ranks nor with tp > 1: no rank holds all of
+// the state),
 // then throws longattn::Error (one rank) or ends the job with MPI_Abort
 // (several: the others may be waiting for it in a collective), its message naming the error,
 // the step and the checkpoint. Built for

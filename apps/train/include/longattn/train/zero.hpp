@@ -1,6 +1,6 @@
 // ZeRO stage 1 (Rajbhandari et al., "ZeRO: Memory Optimizations Toward Training Trillion
 // Parameter Models", 2020): the optimizer's state sharded over the R ranks that hold the same
-// parameters (in longattn-train: every rank, dp x cp).
+// parameters (in longattn-train: the dp x cp ranks of one tensor-parallel rank).
 //
 //   group g of C elements: pieces of S = ceil(C / R); rank r owns [r S, min(C, (r + 1) S))
 //   each step: gradients all-reduced as without ZeRO (every rank has them whole); rank r's AdamW
@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <utility>
 #include <vector>
 
 #include "longattn/core/execution_context.hpp"
@@ -40,7 +41,7 @@ class ParameterShards {
     for (const auto& g : groups_) {
       const std::size_t S = (g.count + R - 1) / R;
       const std::size_t begin = std::min(g.count, r * S), end = std::min(g.count, begin + S);
-      pieces_.push_back({g.name, g.values + begin, g.gradients + begin, end - begin, g.decay});
+      pieces_.push_back({g.name, g.values + begin, g.gradients + begin, end - begin, g.decay, g.split});
       piece_size_.push_back(S);
       piece_begin_.push_back(whole_offset + begin);
       whole_offset += g.count;
@@ -58,11 +59,13 @@ class ParameterShards {
   // The elements of all groups: the length of a whole vector for gather() / take_pieces().
   std::size_t whole_elements() const { return whole_count_; }
 
-  // The sum over the ranks of each rank's squared gradient norm of its pieces.
-  double sum_squares_over_ranks(double mine) const {
-    double total = 0;
-    ranks_.all_reduce(&mine, &total, 1, parallel::DataType::float64, parallel::ReduceOp::sum);
-    return total;
+  // Each rank's squared gradient norms of its pieces (of split tensors, of whole ones), summed
+  // over the ranks.
+  std::pair<double, double> sum_squares_over_ranks(double split, double whole) const {
+    const double mine[2] = {split, whole};
+    double total[2];
+    ranks_.all_reduce(mine, total, 2, parallel::DataType::float64, parallel::ReduceOp::sum);
+    return {total[0], total[1]};
   }
 
   // After the update of the pieces: every rank's groups hold every rank's pieces. Collective.

@@ -178,12 +178,18 @@ template <class ExecSpace, class T>
 void Transformer<ExecSpace, T>::initialize(std::uint64_t seed) {
   // GPT-2: N(0, 0.02) for embeddings and matrices, the second MLP matrix scaled by 1/sqrt(2 L)
   // (it adds into the residual stream once per layer); biases 0, LayerNorm gain 1, shift 0.
+  // Split tensors are drawn whole, in the same order at every P, and cut to this rank's part.
   const auto host = Kokkos::create_mirror_view(values_.view());
   const std::size_t E = config_.embed, F = config_.hidden(), V = ModelConfig::vocab, N = config_.context;
   std::mt19937_64 rng(seed);
   std::normal_distribution<double> normal(0.0, 0.02);
+  auto fill_split = [&](std::size_t at, const FeatureSplit& split, double scale) {
+    std::vector<T> whole(split.whole_count());
+    for (T& w : whole) w = T(normal(rng) * scale);
+    split.extract(parts_, part_, whole.data(), &host(at));
+  };
   auto fill_normal = [&](std::size_t at, std::size_t count, double scale) {
-    for (std::size_t i = 0; i < count; ++i) host(at + i) = T(normal(rng) * scale);
+    fill_split(at, FeatureSplit::whole(count), scale);
   };
   auto fill = [&](std::size_t at, std::size_t count, double value) {
     for (std::size_t i = 0; i < count; ++i) host(at + i) = T(value);
@@ -197,9 +203,9 @@ void Transformer<ExecSpace, T>::initialize(std::uint64_t seed) {
   for (const Block& b : blocks_) {
     fill_norm(b.ln1);
     fill_norm(b.ln2);
-    fill_normal(b.w1, F * E, 1);
-    fill(b.b1, F, 0);
-    fill_normal(b.w2, E * F, 1 / std::sqrt(2.0 * config_.layers));
+    fill_split(b.w1, FeatureSplit::by_rows(F, E), 1);
+    fill(b.b1, local_hidden(), 0);
+    fill_split(b.w2, FeatureSplit::by_columns(E, F), 1 / std::sqrt(2.0 * config_.layers));
     fill(b.b2, E, 0);
   }
   fill_norm(head_.ln);
@@ -212,32 +218,39 @@ void Transformer<ExecSpace, T>::initialize(std::uint64_t seed) {
 template <class ExecSpace, class T>
 void Transformer<ExecSpace, T>::list_groups() {
   const std::size_t E = config_.embed, F = config_.hidden(), V = ModelConfig::vocab, N = config_.context;
-  auto own = [&](const std::string& name, std::size_t offset, std::size_t count, bool decay) {
-    groups_.push_back({name, values_.data() + offset, gradients_.data() + offset, count, decay});
+  auto own = [&](const std::string& name, std::size_t offset, const FeatureSplit& split, bool decay) {
+    groups_.push_back(
+        {name, values_.data() + offset, gradients_.data() + offset, split.part_count(parts_), decay, split});
   };
-  own("head.norm", head_.ln, 2 * E, false);
-  own("head.weight", head_.w, V * E, true);
-  own("head.bias", head_.b, V, false);
+  using Split = FeatureSplit;
+  own("head.norm", head_.ln, Split::whole(2 * E), false);
+  own("head.weight", head_.w, Split::whole(V * E), true);
+  own("head.bias", head_.b, Split::whole(V), false);
   for (int l = config_.layers - 1; l >= 0; --l) {
     const Block& b = blocks_[l];
     const std::string layer = "layer" + std::to_string(l) + ".";
-    own(layer + "mlp.w2", b.w2, E * F, true);
-    own(layer + "mlp.b2", b.b2, E, false);
-    own(layer + "mlp.w1", b.w1, F * E, true);
-    own(layer + "mlp.b1", b.b1, F, false);
-    own(layer + "norm2", b.ln2, 2 * E, false);
-    // The module's tensors, named in its flat buffer (multihead_attention.hpp).
+    own(layer + "mlp.w2", b.w2, Split::by_columns(E, F), true);
+    own(layer + "mlp.b2", b.b2, Split::whole(E), false);
+    own(layer + "mlp.w1", b.w1, Split::by_rows(F, E), true);
+    own(layer + "mlp.b1", b.b1, Split::by_rows(F, 1), false);
+    own(layer + "norm2", b.ln2, Split::whole(2 * E), false);
+    // The module's tensors, named in its flat buffer (multihead_attention.hpp); gamma and beta
+    // lie one after the other, so the sub-norm's group is two blocks of [E] split by rows.
     const auto& w = b.attention->weights();
     const auto& g = b.attention->weight_gradients();
-    groups_.push_back({layer + "attention.w_out", w.w_out.data(), g.w_out.data(), w.w_out.size(), true});
-    groups_.push_back({layer + "attention.b_out", w.b_out.data(), g.b_out.data(), w.b_out.size(), false});
-    groups_.push_back({layer + "attention.sub_norm", w.ln_gamma.data(), g.ln_gamma.data(), 2 * E, false});
-    groups_.push_back({layer + "attention.w_qkv", w.w_qkv.data(), g.w_qkv.data(), w.w_qkv.size(), true});
-    groups_.push_back({layer + "attention.b_qkv", w.b_qkv.data(), g.b_qkv.data(), w.b_qkv.size(), false});
-    own(layer + "norm1", b.ln1, 2 * E, false);
+    const auto splits = b.attention->feature_splits();
+    auto module = [&](const std::string& name, auto* values, auto* gradients, const Split& split, bool decay) {
+      groups_.push_back({layer + name, values, gradients, split.part_count(parts_), decay, split});
+    };
+    module("attention.w_out", w.w_out.data(), g.w_out.data(), splits.w_out, true);
+    module("attention.b_out", w.b_out.data(), g.b_out.data(), splits.b_out, false);
+    module("attention.sub_norm", w.ln_gamma.data(), g.ln_gamma.data(), Split::by_rows(E, 1, 2), false);
+    module("attention.w_qkv", w.w_qkv.data(), g.w_qkv.data(), splits.w_qkv, true);
+    module("attention.b_qkv", w.b_qkv.data(), g.b_qkv.data(), splits.b_qkv, false);
+    own(layer + "norm1", b.ln1, Split::whole(2 * E), false);
   }
-  own("embedding.tokens", embedding_.tokens, V * E, false);
-  own("embedding.positions", embedding_.positions, N * E, false);
+  own("embedding.tokens", embedding_.tokens, Split::whole(V * E), false);
+  own("embedding.positions", embedding_.positions, Split::whole(N * E), false);
 }
 
 template <class ExecSpace, class T>
@@ -272,7 +285,7 @@ template <class ExecSpace, class T>
 void Transformer<ExecSpace, T>::reserve(int batch, std::int64_t tokens) {
   if (batch == batch_ && tokens == tokens_) return;
   batch_ = tokens_ = 0;  // recorded once every buffer is there: a refusing pool leaves a retry possible
-  const std::size_t R = std::size_t(batch) * tokens, E = config_.embed, F = config_.hidden(), V = ModelConfig::vocab;
+  const std::size_t R = std::size_t(batch) * tokens, E = config_.embed, F = local_hidden(), V = ModelConfig::vocab;
   auto rows = [&](std::size_t cols) {
     return context_.template allocate<typename Rows::view_type>(R, cols);
   };
@@ -301,7 +314,7 @@ void Transformer<ExecSpace, T>::reserve(int batch, std::int64_t tokens) {
 template <class ExecSpace, class T>
 void Transformer<ExecSpace, T>::acquire_activations(Block& b, std::size_t R) {
   if (b.h1.size() > 0) return;  // held
-  const std::size_t E = config_.embed, F = config_.hidden();
+  const std::size_t E = config_.embed, F = local_hidden();
   auto rows = [&](std::size_t cols) {
     return context_.template allocate<typename Rows::view_type>(R, cols);
   };
@@ -320,21 +333,28 @@ void Transformer<ExecSpace, T>::release_activations(Block& b) {
 }
 
 template <class ExecSpace, class T>
-void Transformer<ExecSpace, T>::linear_forward(const Matrix& x, std::size_t w, std::size_t b, const Matrix& y) const {
+void Transformer<ExecSpace, T>::linear_forward(const Matrix& x, std::size_t w, std::size_t b, const Matrix& y,
+                                                Parallel parallel) const {
   const std::size_t in = x.extent(1), out = y.extent(1);
   const ExecSpace& exec = context_.exec();
-  broadcast_rows(exec, vector(values_, b, out), y);
+  const bool summed = parallel == Parallel::row && features_;
+  if (summed && part_ != 0)
+    Kokkos::deep_copy(exec, y, T(0.0));
+  else
+    broadcast_rows(exec, vector(values_, b, out), y);
   gemm(context_, "N", "T", Accumulate(1), x, matrix(values_, w, out, in), Accumulate(1), y);
+  if (summed) features_->sum(exec, y.data(), y.size());
 }
 
 template <class ExecSpace, class T>
 void Transformer<ExecSpace, T>::linear_backward(const Matrix& x, const Matrix& dy, std::size_t w, std::size_t b,
-                                                const Matrix& dx) const {
+                                                const Matrix& dx, Parallel parallel) const {
   const std::size_t in = x.extent(1), out = dy.extent(1);
   const ExecSpace& exec = context_.exec();
   add_column_sums(exec, dy, ones_.view(), vector(gradients_, b, out));
   gemm(context_, "T", "N", Accumulate(1), dy, x, Accumulate(1), matrix(gradients_, w, out, in));
   gemm(context_, "N", "N", Accumulate(1), dy, matrix(values_, w, out, in), Accumulate(0), dx);
+  if (parallel == Parallel::column && features_) features_->sum(exec, dx.data(), dx.size());
 }
 
 template <class ExecSpace, class T>
@@ -384,7 +404,7 @@ double Transformer<ExecSpace, T>::forward(const Batch& batch, double normalizer,
     }
   }
   norm_forward(rows(x_final_), head_.ln, rows(h_final_), norm_final_);
-  linear_forward(rows(h_final_), head_.w, head_.b, rows(logits_));
+  linear_forward(rows(h_final_), head_.w, head_.b, rows(logits_), Parallel::whole);
   return detail::cross_entropy(exec, rows(logits_), batch.targets, batch.weights, loss_scale / normalizer) / normalizer;
 }
 
@@ -395,10 +415,10 @@ void Transformer<ExecSpace, T>::block_forward(Block& b, const Matrix* next) {
   b.attention->forward(tokens3(b.h1), tokens3(b.x2));
   detail::add_into(exec, rows(b.x2), rows(b.x));
   norm_forward(rows(b.x2), b.ln2, rows(b.h2), b.norm2);
-  linear_forward(rows(b.h2), b.w1, b.b1, rows(b.u));
+  linear_forward(rows(b.h2), b.w1, b.b1, rows(b.u), Parallel::column);
   detail::gelu_forward(exec, rows(b.u), rows(b.g));
   if (!next) return;
-  linear_forward(rows(b.g), b.w2, b.b2, *next);
+  linear_forward(rows(b.g), b.w2, b.b2, *next, Parallel::row);
   detail::add_into(exec, *next, rows(b.x2));
 }
 
@@ -417,7 +437,7 @@ void Transformer<ExecSpace, T>::backward(const std::function<void(int)>& ready) 
   };
   const std::size_t E = config_.embed, V = ModelConfig::vocab, N = config_.context;
   // forward() left dLoss/dlogits in logits_.
-  linear_backward(rows(h_final_), rows(logits_), head_.w, head_.b, rows(d_h_));
+  linear_backward(rows(h_final_), rows(logits_), head_.w, head_.b, rows(d_h_), Parallel::whole);
   norm_backward(rows(d_h_), rows(x_final_), head_.ln, norm_final_, rows(d_x_));
   finish(3);
   const bool full = config_.recompute == Recompute::full;
@@ -428,9 +448,9 @@ void Transformer<ExecSpace, T>::backward(const std::function<void(int)>& ready) 
       block_forward(b, nullptr);
     }
     // d_x: the gradient of the block's output x2 + MLP(LN(x2)).
-    linear_backward(rows(b.g), rows(d_x_), b.w2, b.b2, rows(d_hidden_));
+    linear_backward(rows(b.g), rows(d_x_), b.w2, b.b2, rows(d_hidden_), Parallel::row);
     detail::gelu_backward(exec, rows(b.u), rows(d_hidden_));
-    linear_backward(rows(b.h2), rows(d_hidden_), b.w1, b.b1, rows(d_h_));
+    linear_backward(rows(b.h2), rows(d_hidden_), b.w1, b.b1, rows(d_h_), Parallel::column);
     norm_backward(rows(d_h_), rows(b.x2), b.ln2, b.norm2, rows(d_x2_));
     detail::add_into(exec, rows(d_x2_), rows(d_x_));
     finish(5);

@@ -1,0 +1,53 @@
+// TensorParallelGroup: core's FeatureGroup (feature_group.hpp) over the ranks of a Communicator,
+// the group a tensor-parallel layer's features are split over (Megatron-LM):
+//
+//   auto tp = world.split(/*color=*/data_rank, /*key=*/tensor_rank);   // ranks within a node
+//   auto features = std::make_shared<parallel::TensorParallelGroup<Exec>>(tp);
+//   MultiheadAttention<Exec, float> layer(ctx, E, H, options, features);  // H / tp heads here
+//
+// sum() is an all-reduce of the elements in exec's memory: through MPI after exec.fence() on the
+// host, through NCCL on exec's stream in a CUDA build. It counts the wall time its calls take
+// (seconds()): the transfers on the host; on a GPU only the launches.
+#pragma once
+
+#include <Kokkos_Core.hpp>
+
+#include <chrono>
+#include <utility>
+
+#include "longattn/core/feature_group.hpp"
+#include "longattn/parallel/communicator.hpp"
+
+namespace longattn::parallel {
+
+template <class ExecSpace>
+class TensorParallelGroup final : public FeatureGroup<ExecSpace> {
+ public:
+  explicit TensorParallelGroup(Communicator ranks) : ranks_(std::move(ranks)) {}
+
+  int size() const override { return ranks_.size(); }
+  int rank() const override { return ranks_.rank(); }
+  const Communicator& communicator() const { return ranks_; }
+
+  void sum(const ExecSpace& exec, float* data, std::size_t count) const override { reduce(exec, data, count); }
+  void sum(const ExecSpace& exec, double* data, std::size_t count) const override { reduce(exec, data, count); }
+  void sum(const ExecSpace& exec, bfloat16* data, std::size_t count) const override { reduce(exec, data, count); }
+  void sum(const ExecSpace& exec, float16* data, std::size_t count) const override { reduce(exec, data, count); }
+
+  double seconds() const { return seconds_; }
+  void reset_seconds() { seconds_ = 0; }
+
+ private:
+  template <class V>
+  void reduce(const ExecSpace& exec, V* data, std::size_t count) const {
+    const auto start = std::chrono::steady_clock::now();
+    using Values = Kokkos::View<V*, typename ExecSpace::memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+    ranks_.all_reduce(exec, Values(data, count), ReduceOp::sum);
+    seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+
+  Communicator ranks_;
+  mutable double seconds_ = 0;
+};
+
+}  // namespace longattn::parallel
