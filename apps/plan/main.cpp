@@ -94,6 +94,12 @@ int main(int argc, char** argv) {
   app.add_option("--cp", plan.layout.context, "context-parallel (ring attention) size")->group("Layout");
   app.add_option("--zero", plan.layout.zero_stage, "ZeRO stage 0-3")->group("Layout");
   app.add_option("--micro-batch", plan.layout.micro_batch, "sequences per micro-batch")->group("Layout");
+  app.add_option("--sequence-parallel", plan.layout.sequence_parallel,
+                 "with tp > 1, norms and residuals split over the sequence too (Megatron-LM; false: whole on each "
+                 "tensor rank, as longattn-train)")->group("Layout");
+  app.add_option("--vocab-parallel", plan.layout.vocab_parallel,
+                 "with tp > 1, embeddings and output layer split over the vocabulary (false: whole on each tensor "
+                 "rank, as longattn-train)")->group("Layout");
   // Efficiency, search, output
   app.add_option("--mfu", mfu, "kernel efficiency while computing, fraction of peak (default 0.45)")->group("Efficiency");
   app.add_option("--calibration", calibration, "JSON of measured efficiencies (perf_tests/write_calibration.py)")

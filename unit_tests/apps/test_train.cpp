@@ -526,6 +526,18 @@ TEST_CASE("a run carries longattn-plan's memory and compute-time prediction for 
     CHECK(r.predicted_memory[i].first == expected.memory[i].name);
     CHECK(r.predicted_memory[i].second == Approx(expected.memory[i].value).epsilon(1e-12));
   }
+  if (world.size() == 2) {  // tp 2: the planner's tensor parallelism without its sequence and vocabulary splits
+    c.tp = 2;
+    const TrainResult split = run_training(c, world, nullptr);
+    p.layout.tensor = 2;
+    p.layout.data = 1;
+    p.layout.sequence_parallel = p.layout.vocab_parallel = false;
+    const plan::Estimate tp = plan::estimate(p);
+    CHECK(split.predicted_memory_bytes == Approx(tp.memory_total).epsilon(1e-12));
+    CHECK(split.predicted_compute_seconds == Approx(time_term(tp, "compute")).epsilon(1e-12));
+    p.layout.sequence_parallel = p.layout.vocab_parallel = true;  // Megatron's: less memory
+    CHECK(plan::estimate(p).memory_total < tp.memory_total);
+  }
 }
 
 // cp 2 (ring attention, distributed dilated attention) against one rank: the same losses.

@@ -160,12 +160,16 @@ Estimate estimate(const Plan& plan, const AttentionWork& work) {
 
   // ---- Memory per GPU -----------------------------------------------------------------------
   const double per_layer = layer_parameters(h, f);
-  const double first_stage = L / p * per_layer + embedding_parameters(model) + (p == 1 ? 2 * h : 0);
-  const double last_stage = p == 1 ? first_stage : L / p * per_layer + V * h + 2 * h;
-  e.parameters_per_gpu = std::max(first_stage, last_stage) / t;
+  // The blocks' parameters split over tp; the embeddings, output layer and final norm too when
+  // vocab-parallel.
+  const double vocab_split = layout.vocab_parallel ? t : 1;
+  const double first_stage = L / p * per_layer / t + (embedding_parameters(model) + (p == 1 ? 2 * h : 0)) / vocab_split;
+  const double last_stage = p == 1 ? first_stage : L / p * per_layer / t + (V * h + 2 * h) / vocab_split;
+  e.parameters_per_gpu = std::max(first_stage, last_stage);
   const ModelStateBytes states =
       model_state_bytes(e.parameters_per_gpu, n_dp, layout.zero_stage, training.precision, training.optimizer);
-  const std::string psi = "Psi_gpu = " + number(e.parameters_per_gpu) + " (largest stage / tp)";
+  const std::string psi = "Psi_gpu = " + number(e.parameters_per_gpu) + " (largest stage: layers / tp, embeddings " +
+                          (layout.vocab_parallel ? "/ tp)" : "whole)");
   const std::string zero_over = " / (dp x cp)";
   e.memory.push_back({"parameters", states.parameters,
                       psi + " x " + number(parameter_bytes(training.precision)) + " B" +
@@ -179,10 +183,10 @@ Estimate estimate(const Plan& plan, const AttentionWork& work) {
                           (layout.zero_stage >= 1 ? zero_over : "") + "  [ZeRO]"});
 
   // Fused attention stores the LSE, not the scores, so their count does not enter.
-  const ActivationInputs per_layer_inputs{s_local, b, h, a, t, 0, training.recompute, true, true};
+  const ActivationInputs per_layer_inputs{s_local, b, h, a, t, 0, training.recompute, layout.sequence_parallel, true};
   const double layer_activations = activation_bytes_per_layer(per_layer_inputs) * element / 2;
   const double in_flight = std::min(p, micro_batches);
-  const double logits = 4 * s_local * b * V / t;
+  const double logits = 4 * s_local * b * V / vocab_split;
   // Full recomputation runs each layer's forward again in its backward: that one layer's
   // activations, kept whole, are live on top of every layer's input.
   ActivationInputs whole_layer_inputs = per_layer_inputs;
@@ -191,13 +195,15 @@ Estimate estimate(const Plan& plan, const AttentionWork& work) {
   const double activations =
       recomputed_layer + (p == 1 ? L * layer_activations + logits
                                  : std::max(in_flight * L / p * layer_activations, L / p * layer_activations + logits));
-  const char* recompute_formula = training.recompute == Recompute::full        ? "2 s b h / t"
-                                  : training.recompute == Recompute::selective ? "34 s b h / t"
-                                                                               : "(34 s b h + 4 a s b) / t";
+  const bool sp = layout.sequence_parallel;
+  const char* recompute_formula = training.recompute == Recompute::full        ? (sp ? "2 s b h / t" : "2 s b h")
+                                  : training.recompute == Recompute::selective ? (sp ? "34 s b h / t" : "s b h (10 + 24 / t)")
+                                  : sp ? "(34 s b h + 4 a s b) / t" : "s b h (10 + 24 / t) + 4 a s b / t";
   e.memory.push_back({"activations", activations,
                       std::string(recompute_formula) + " per layer (s = seq/cp = " + number(s_local) +
-                          ") x layers/pp x min(pp, micro-batches) in flight, + logits 4 s b V / t  [Korthikanti22]" +
-                          (full ? ", + the recomputed layer's (34 s b h + 4 a s b) / t" : "")});
+                          ") x layers/pp x min(pp, micro-batches) in flight, + logits 4 s b V" +
+                          (layout.vocab_parallel ? " / t" : "") + "  [Korthikanti22]" +
+                          (full ? ", + the recomputed layer's kept whole" : "")});
 
   // The fused backward's Delta (fp32 per query and head); dilated longnet's partial o and lse.
   double workspace = 4 * b * (a / t) * s_local;
@@ -229,7 +235,7 @@ Estimate estimate(const Plan& plan, const AttentionWork& work) {
     }
     if (largest > 0) add_buffer(largest, "gathered dilated K/V of a spanning segment and their fp32 gradients");
   }
-  if (t > 1) add_buffer(2 * b * s_local * h * element, "sequence-parallel all-gather of s b h");
+  if (t > 1 && sp) add_buffer(2 * b * s_local * h * element, "sequence-parallel all-gather of s b h");
   // Buckets in flight, as gradient_as_bucket_view reduces them; a model whose gradients are
   // smaller than two buckets holds only those.
   if (n_dp > 1)

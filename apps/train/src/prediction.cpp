@@ -33,6 +33,9 @@ plan::Estimate planner_estimate(const TrainConfig& c, int ranks, double peak_flo
   }
   p.efficiency = c.efficiency;
   p.layout.tensor = c.tp;
+  // The trainer's tp splits the blocks' matrices only (model.hpp).
+  p.layout.sequence_parallel = false;
+  p.layout.vocab_parallel = false;
   p.layout.context = c.cp;
   p.layout.data = ranks / (c.tp * c.cp);
   p.layout.zero_stage = c.zero;

@@ -68,6 +68,12 @@ struct Layout {
   std::int64_t tensor = 1, pipeline = 1, data = 1, context = 1;
   int zero_stage = 1;          // 0-3, over the data x context ranks that hold the same parameters
   std::int64_t micro_batch = 1;  // sequences per micro-batch
+  // Tensor parallelism as Megatron-LM runs it: activations outside the blocks' split matrices
+  // (LayerNorms, residuals) split over the sequence too (Korthikanti et al.), and the embeddings
+  // and the output layer split over the vocabulary. false: those whole on every tensor rank (as
+  // longattn-train runs tp).
+  bool sequence_parallel = true;
+  bool vocab_parallel = true;
 
   std::int64_t gpus() const { return tensor * pipeline * data * context; }
 };

@@ -1,24 +1,26 @@
-// The training loop of longattn-train: a grid of tensor-, context- and data-parallel ranks trains a
-// Transformer (model.hpp) on a Dataset (data.hpp) with AdamW (optimizer.hpp).
+// The training loop of longattn-train: a grid of tensor-, context- and data-parallel ranks
+// trains a Transformer (model.hpp) on a Dataset (data.hpp) with AdamW (optimizer.hpp).
 //
-//   world of W ranks = dp x cp x tp, tp innermost (a tensor-parallel group on neighbouring ranks,
-//   so within a node):  rank r is tensor rank r % tp, context rank (r / tp) % cp, data-parallel
-//   group r / (tp cp)
+//   world of W ranks = dp x cp x tp, tp innermost (a tensor-parallel group on neighbouring
+//   ranks, so within a node): rank r is tensor rank r % tp, context rank (r / tp) % cp of
+//   data-parallel group r / (tp cp)
 //   each step: the tp ranks of a group run the same tokens, each with its part of every block
-//   (model.hpp: H / tp heads, 4E / tp MLP features); the global batch (`batch` sequences) is split over the dp groups; a context group
-//   splits each of its sequences' tokens over its cp ranks, whose attention is ring attention
-//   (or distributed dilated attention); a rank runs its batch / dp sequences as micro-batches of
-//   `micro_batch` sequences, forward and backward each, accumulating gradients; during the last
-//   micro-batch's backward every rank's parameter gradients are summed by the bucketed
-//   hierarchical all-reduce over the dp x cp ranks that hold the same parameters (the same tensor
-//   rank); they then take the same AdamW step (with ZeRO 1: each updates its shard of the
-//   parameters, and an all-gather over them gives each all of them).
+//   (model.hpp: H / tp heads, 4E / tp MLP features); the global batch (`batch` sequences) is
+//   split over the dp groups; a context group splits each of its sequences' tokens over its cp
+//   ranks, whose attention is ring attention (or distributed dilated attention); a rank runs
+//   its batch / dp sequences as micro-batches of `micro_batch` sequences, forward and backward
+//   each, accumulating gradients; during the last micro-batch's backward every rank's parameter
+//   gradients are summed by the bucketed hierarchical all-reduce over the dp x cp ranks that
+//   hold the same parameters (the same tensor rank); they then take the same AdamW step (with
+//   ZeRO 1: each updates its shard of the parameters, and an all-gather over them gives each
+//   all of them).
 //
-// The loss is the mean over the global batch's weighted tokens whatever dp and cp are, so a run
-// gives the same losses on any grid (up to rounding). The model, its gradients and the
+// The loss is the mean over the global batch's weighted tokens whatever dp, cp and tp are, so a
+// run gives the same losses on any grid (up to rounding). The model, its gradients and the
 // optimizer's moments live in the memory of the execution space, which runs every kernel:
-// Kokkos::DefaultExecutionSpace (the GPU in a CUDA build: ring attention and the buckets then
-// go through NCCL). Batches are made on the host and copied over; checkpoints are host copies.
+// Kokkos::DefaultExecutionSpace (the GPU in a CUDA build: ring attention, the tp all-reduces and
+// the buckets then go through NCCL). Batches are made on the host and copied over; checkpoints
+// are host copies.
 #pragma once
 
 #include <cstdint>
