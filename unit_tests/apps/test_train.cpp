@@ -410,6 +410,24 @@ TEST_CASE("tensor parallel: tp 2 trains the model of one rank", "[train][tp]") {
   if (world.rank() == 0) std::remove(c.checkpoint.c_str());
 }
 
+// tp 2 with 16-bit training (the partial sums all-reduced in 16 bits), recomputation (the tp
+// all-reduces run again in backward) and micro-batches against the same on one rank.
+TEST_CASE("tensor parallel composes with 16-bit precision, recomputation and micro-batches", "[train][tp]") {
+  if (!two_ranks()) return;
+  for (const Precision precision : {Precision::bf16, Precision::fp16})
+    for (const Recompute recompute : {Recompute::selective, Recompute::full}) {
+      INFO(to_string(precision) << ", recompute " << to_string(recompute));
+      TrainConfig c = tiny_config();
+      c.steps = 3;
+      c.precision = precision;
+      c.model.recompute = recompute;
+      c.micro_batch = 2;
+      const std::vector<double> one = losses(run_training(c, self(), nullptr));
+      c.tp = 2;
+      check_same_losses(losses(run_training(c, test::throwing_world(), nullptr)), one, 1e-4);
+    }
+}
+
 // At 4 ranks: tp 2 x cp 2 (ring attention over the heads of each tensor rank) against one rank,
 // and ZeRO 1 under tp 2 x dp 2 (AdamW's state sharded over the 2 ranks of each tensor rank)
 // against none.
