@@ -196,9 +196,11 @@ Estimate estimate(const Plan& plan, const AttentionWork& work) {
       recomputed_layer + (p == 1 ? L * layer_activations + logits
                                  : std::max(in_flight * L / p * layer_activations, L / p * layer_activations + logits));
   const bool sp = layout.sequence_parallel;
-  const char* recompute_formula = training.recompute == Recompute::full        ? (sp ? "2 s b h / t" : "2 s b h")
-                                  : training.recompute == Recompute::selective ? (sp ? "34 s b h / t" : "s b h (10 + 24 / t)")
-                                  : sp ? "(34 s b h + 4 a s b) / t" : "s b h (10 + 24 / t) + 4 a s b / t";
+  const char* recompute_formula =
+      training.recompute == Recompute::full        ? (sp ? "2 s b h / t" : "2 s b h")
+      : training.recompute == Recompute::selective ? (sp ? "34 s b h / t" : "s b h (10 + 24 / t)")
+      : sp                                         ? "(34 s b h + 4 a s b) / t"
+                                                   : "s b h (10 + 24 / t) + 4 a s b / t";
   e.memory.push_back({"activations", activations,
                       std::string(recompute_formula) + " per layer (s = seq/cp = " + number(s_local) +
                           ") x layers/pp x min(pp, micro-batches) in flight, + logits 4 s b V" +

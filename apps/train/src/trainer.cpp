@@ -322,8 +322,9 @@ TrainResult train(const TrainConfig& config, const parallel::Communicator& world
     }
     return total.split + total.whole;
   };
+  using SquaresOverRanks = typename AdamW<Exec, T>::SquaresOverRanks;
   AdamW<Exec, T> optimizer(context, config.optimizer, shards ? shards->pieces() : groups,
-                           shards || features ? typename AdamW<Exec, T>::SquaresOverRanks(squares_over_ranks) : nullptr);
+                           shards || features ? SquaresOverRanks(squares_over_ranks) : nullptr);
   // A checkpoint's payload, in order: every group's parameters (fp32: the model's; 16-bit: the
   // optimizer's fp32 master weights, in the same order), then AdamW's two moments, each whole
   // (gathered from the ranks under ZeRO 1, each tensor whole from its tensor-parallel parts).
@@ -342,16 +343,20 @@ TrainResult train(const TrainConfig& config, const parallel::Communicator& world
   };
   std::vector<StatePart> state;
   const SplitFloats all_groups = layout_of(groups.begin(), groups.end());
+  auto optimizer_part = [&](const auto& flat) {
+    return StatePart{Floats(flat.data(), flat.size()), bool(shards), all_groups};
+  };
   if constexpr (AdamW<Exec, T>::keeps_master_weights)
-    state.push_back({Floats(optimizer.master_weights().data(), optimizer.master_weights().size()), bool(shards), all_groups});
+    state.push_back(optimizer_part(optimizer.master_weights()));
   else
     for (auto g = groups.begin(); g != groups.end(); ++g)
       state.push_back({Floats(g->values, g->count), false, layout_of(g, g + 1)});
-  state.push_back({Floats(optimizer.first_moment().data(), optimizer.first_moment().size()), bool(shards), all_groups});
-  state.push_back({Floats(optimizer.second_moment().data(), optimizer.second_moment().size()), bool(shards), all_groups});
+  state.push_back(optimizer_part(optimizer.first_moment()));
+  state.push_back(optimizer_part(optimizer.second_moment()));
   std::size_t state_bytes = 0;
   for (const auto& part : state) state_bytes += part.layout.whole_count() * sizeof(float);
-  // A collective of the world (from a rank alone: only without ZeRO and tensor parallelism).
+  // Whether no rank holds all of the state (ZeRO's pieces, tp's parts): then only the ranks
+  // together can write a checkpoint.
   const bool state_spread = shards || features;
   std::mt19937_64 train_rng(config.data_seed);
   int first = 0;  // 0-based step to start from
@@ -601,7 +606,8 @@ TrainResult train(const TrainConfig& config, const parallel::Communicator& world
     }
     const Clock::time_point reduce = Clock::now();
     const double loss = global_sum(local_loss);
-    communication += seconds_since(reduce) + (ring ? ring->wait_seconds() : 0.0) + (features ? features->seconds() : 0.0);
+    communication += seconds_since(reduce) + (ring ? ring->wait_seconds() : 0.0);
+    if (features) communication += features->seconds();  // the tp all-reduces inside forward and backward
     // Where a NaN or infinity came from: this rank's first non-finite tensor (collective: every
     // rank has the same loss, so all search and all stop).
     auto diagnosis = [&] {

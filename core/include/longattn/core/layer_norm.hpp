@@ -232,7 +232,8 @@ void layer_norm_forward(const ExecutionContext<ExecSpace>& ctx, const FeatureGro
                         const Stats& rstd) {
   using T = longattn::scalar_of<Y>;
   using A = accumulate_t<T>;
-  static_assert(std::is_same_v<accumulate_t<longattn::scalar_of<X>>, A> && std::is_same_v<longattn::scalar_of<Stats>, A>,
+  static_assert(std::is_same_v<accumulate_t<longattn::scalar_of<X>>, A> &&
+                    std::is_same_v<longattn::scalar_of<Stats>, A>,
                 "layer_norm_forward: x and y hold one storage type T, mean and rstd accumulate_t<T>");
   const char* where = "longattn::layer_norm_forward (features split)";
   detail::check_layer_norm(where, x, gamma, mean, rstd);

@@ -79,7 +79,8 @@ struct TrainConfig {
   std::int64_t batch = 16;          // sequences per step, over all data-parallel groups
   std::int64_t micro_batch = 0;     // sequences per forward/backward on a rank; 0: all its batch / dp
   int cp = 1;                       // context-parallel ranks per sequence
-  int tp = 1;                       // tensor-parallel ranks per layer (heads and MLP features split); dp = ranks / (tp cp)
+  int tp = 1;                       // tensor-parallel ranks per layer (heads, MLP features split);
+                                    // dp = ranks / (tp cp)
   int zero = 0;                     // ZeRO stage: 0, or 1 (AdamW's state sharded over the dp x cp ranks, zero.hpp)
   std::uint64_t data_seed = 1;      // the train and validation batches
   int eval_every = 20;              // steps between validation losses (0: only at the end)
