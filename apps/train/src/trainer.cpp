@@ -515,6 +515,9 @@ TrainResult train(const TrainConfig& config, const parallel::Communicator& world
   } catch (const Error& error) {
     prediction_error = error.what();
   }
+  // The most nodes one tensor-parallel group spans (1: every group within a node, as it should).
+  double tp_nodes = features ? features->communicator().nodes() : 1;
+  world.all_reduce(&tp_nodes, &tp_nodes, 1, parallel::DataType::float64, parallel::ReduceOp::max);
   if (out) {
     *out << "model     " << config.model.layers << " layers, embed " << config.model.embed << ", " << config.model.heads
          << " heads, context " << N << ", attention " << to_string(config.model.attention) << ": " << result.parameters
@@ -530,6 +533,10 @@ TrainResult train(const TrainConfig& config, const parallel::Communicator& world
          << config.batch
          << " sequences per step (" << config.batch * N << " tokens), " << micro_batches << " micro-batch"
          << (micro_batches > 1 ? "es" : "") << " of " << micro_batch << " per rank\n"
+         << (tp_nodes > 1 ? "warning   a tensor-parallel group spans " + std::to_string(int(tp_nodes)) +
+                                " nodes: its all-reduces, 4 per layer and step, cross the network (make the "
+                                "ranks per node a multiple of --tp)\n"
+                          : "")
          << "memory    recompute " << to_string(config.model.recompute) << "; precision " << to_string(config.precision)
          << "; gradients all-reduced in "
          << (config.grad_reduce == GradientReduce::model ? to_string(config.precision) : "fp32")
