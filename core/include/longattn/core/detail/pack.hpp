@@ -32,9 +32,9 @@ inline constexpr int host_simd_bytes = 32;
 inline constexpr int host_simd_bytes = 16;
 #endif
 
-// Asks the cache for the line holding p ahead of use. Streaming a block of K and V from rows
-// that are H * D elements apart defeats the hardware prefetchers (a 2 KB stride for H = 8,
-// D = 64); without this the forward pass waits on memory for 15% of its time.
+// Asks the cache for the line holding p ahead of use: the next block's K and V rows, H * D
+// elements apart (a 2 KB stride for H = 8, D = 64). See prefetch_rows (attention_kernels.hpp)
+// for what GCC makes of it.
 KOKKOS_INLINE_FUNCTION void prefetch(const void* p) {
 #if defined(__GNUC__) && !defined(__CUDA_ARCH__)
   __builtin_prefetch(p);
