@@ -52,6 +52,25 @@ void check_layer_norm_backward(const char* where, const DY& dy, const X& x, cons
   longattn::check_no_alias(where, "dx", dx, "dy", dy);
 }
 
+// Backward's two sums over row r's E columns: of g = dy gamma and of g x_hat.
+template <class DY, class X, class Gamma, class A>
+KOKKOS_INLINE_FUNCTION void layer_norm_row_sums(const DY& dy, const X& x, const Gamma& gamma, A mu, A inverse,
+                                                std::int64_t r, int E, A& g_sum, A& g_x_hat_sum) {
+  for (int e = 0; e < E; ++e) {
+    const A g = A(dy(r, e)) * A(gamma(e));
+    g_sum += g;
+    g_x_hat_sum += g * (A(x(r, e)) - mu) * inverse;
+  }
+}
+// dx of row r from the means of those sums over the features: rstd (g - mean(g) - x_hat mean(g x_hat)).
+template <class DY, class X, class Gamma, class A, class DX>
+KOKKOS_INLINE_FUNCTION void layer_norm_row_dx(const DY& dy, const X& x, const Gamma& gamma, A mu, A inverse,
+                                              std::int64_t r, int E, A g_mean, A g_x_hat_mean, const DX& dx) {
+  using T = typename DX::non_const_value_type;
+  for (int e = 0; e < E; ++e)
+    dx(r, e) = T(inverse * (A(dy(r, e)) * A(gamma(e)) - g_mean - (A(x(r, e)) - mu) * inverse * g_x_hat_mean));
+}
+
 // dgamma += sum_rows dy x_hat, dbeta += sum_rows dy: one thread per column, rows in order.
 template <class ExecSpace, class DY, class X, class Stats, class DGamma>
 void layer_norm_parameter_gradients(const ExecSpace& exec, const DY& dy, const X& x, const Stats& mean,
@@ -141,17 +160,9 @@ void LayerNormKernels<ExecSpace, T, Layout>::backward(const ExecSpace& exec, con
   Kokkos::parallel_for(
       "longattn::layer_norm_backward", Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(exec, 0, rows),
       KOKKOS_LAMBDA(std::int64_t r) {
-        const A mu = mean(r), inverse = rstd(r);
-        A g_mean = 0, g_x_hat_mean = 0;
-        for (int e = 0; e < E; ++e) {
-          const A g = A(dy(r, e)) * A(gamma(e));
-          g_mean += g;
-          g_x_hat_mean += g * (A(x(r, e)) - mu) * inverse;
-        }
-        g_mean /= A(E);
-        g_x_hat_mean /= A(E);
-        for (int e = 0; e < E; ++e)
-          dx(r, e) = T(inverse * (A(dy(r, e)) * A(gamma(e)) - g_mean - (A(x(r, e)) - mu) * inverse * g_x_hat_mean));
+        A g_sum = 0, g_x_hat_sum = 0;
+        layer_norm_row_sums(dy, x, gamma, mean(r), rstd(r), r, E, g_sum, g_x_hat_sum);
+        layer_norm_row_dx(dy, x, gamma, mean(r), rstd(r), r, E, g_sum / A(E), g_x_hat_sum / A(E), dx);
       });
   detail::layer_norm_parameter_gradients(exec, dy, x, mean, rstd, dgamma, dbeta);
 }
@@ -289,22 +300,15 @@ void layer_norm_backward(const ExecutionContext<ExecSpace>& ctx, const FeatureGr
   using Rows = Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>;
   Kokkos::parallel_for(
       "longattn::layer_norm_backward::sums", Rows(exec, 0, rows), KOKKOS_LAMBDA(std::int64_t r) {
-        const A mu = mean(r), inverse = rstd(r);
         A g_sum = 0, g_x_hat_sum = 0;
-        for (int e = 0; e < E; ++e) {
-          const A g = A(dy(r, e)) * A(gamma(e));
-          g_sum += g;
-          g_x_hat_sum += g * (A(x(r, e)) - mu) * inverse;
-        }
+        detail::layer_norm_row_sums(dy, x, gamma, mean(r), rstd(r), r, E, g_sum, g_x_hat_sum);
         s(r, 0) = g_sum;
         s(r, 1) = g_x_hat_sum;
       });
   group.sum(exec, s.data(), s.size());
   Kokkos::parallel_for(
       "longattn::layer_norm_backward::dx", Rows(exec, 0, rows), KOKKOS_LAMBDA(std::int64_t r) {
-        const A mu = mean(r), inverse = rstd(r), g_mean = s(r, 0) / features, g_x_hat_mean = s(r, 1) / features;
-        for (int e = 0; e < E; ++e)
-          dx(r, e) = T(inverse * (A(dy(r, e)) * A(gamma(e)) - g_mean - (A(x(r, e)) - mu) * inverse * g_x_hat_mean));
+        detail::layer_norm_row_dx(dy, x, gamma, mean(r), rstd(r), r, E, s(r, 0) / features, s(r, 1) / features, dx);
       });
   detail::layer_norm_parameter_gradients(exec, dy, x, mean, rstd, dgamma, dbeta);
 }
