@@ -427,14 +427,16 @@ TrainResult train(const TrainConfig& config, const parallel::Communicator& world
     if (keeps) checkpoint.payload.resize(state_bytes);
     unsigned char* p = checkpoint.payload.data();
     for (const auto& part : state) {
-      // This tensor rank's part (ZeRO 1: gathered from the ranks' pieces), on the host.
-      std::vector<float> mine(part.layout.part_count());
+      // This tensor rank's part (ZeRO 1: gathered from the ranks' pieces), on the host where it
+      // goes into a payload: this rank's, or under tp the tensor-parallel group's.
+      const bool copied = keeps || features;
+      std::vector<float> mine(copied ? part.layout.part_count() : 0);
       const PayloadFloats floats(mine.data(), mine.size());
       if (part.sharded) {
-        const auto whole = context.template allocate<Kokkos::View<float*, Memory>>(mine.size());
+        const auto whole = context.template allocate<Kokkos::View<float*, Memory>>(part.layout.part_count());
         shards->gather(part.local.data(), whole.data());
-        Kokkos::deep_copy(floats, whole.view());
-      } else {
+        if (copied) Kokkos::deep_copy(floats, whole.view());
+      } else if (copied) {
         Kokkos::deep_copy(floats, part.local);
       }
       float* payload = reinterpret_cast<float*>(p);

@@ -164,8 +164,6 @@ class Transformer {
     for (const auto& g : groups_) n += g.split.whole_count();
     return n;
   }
-  int tensor_parts() const { return parts_; }
-  int tensor_part() const { return part_; }
   // Every layer's attention runs through `runner` (context parallelism, attention_runner.hpp).
   void set_attention_runner(const std::shared_ptr<AttentionRunner<ExecSpace, T>>& runner) {
     for (Block& b : blocks_) b.attention->set_attention_runner(runner);

@@ -46,7 +46,6 @@ class ParameterShards {
       piece_begin_.push_back(whole_offset + begin);
       whole_offset += g.count;
     }
-    whole_count_ = whole_offset;
   }
 
   // This rank's pieces, in the groups' order (what its AdamW updates).
@@ -56,8 +55,6 @@ class ParameterShards {
     for (const auto& p : pieces_) n += p.count;
     return n;
   }
-  // The elements of all groups: the length of a whole vector for gather() / take_pieces().
-  std::size_t whole_elements() const { return whole_count_; }
 
   // Each rank's squared gradient norms of its pieces (of split tensors, of whole ones), summed
   // over the ranks.
@@ -74,8 +71,8 @@ class ParameterShards {
       all_gather(pieces_[i].values, pieces_[i].count, piece_size_[i], groups_[i].values, groups_[i].count);
   }
 
-  // `whole` (whole_elements(), in memory_space) gets every rank's `local` (piece_elements(), laid
-  // out as pieces()), e.g. AdamW's moments. Collective.
+  // `whole` (the groups' elements, in memory_space) gets every rank's `local` (piece_elements(),
+  // laid out as pieces()), e.g. AdamW's moments. Collective.
   void gather(const float* local, float* whole) const {
     std::size_t at = 0, whole_at = 0;
     for (std::size_t i = 0; i < groups_.size(); ++i) {
@@ -84,7 +81,7 @@ class ParameterShards {
       whole_at += groups_[i].count;
     }
   }
-  // `local` (piece_elements()) gets this rank's pieces of `whole` (whole_elements()), both in
+  // `local` (piece_elements()) gets this rank's pieces of `whole` (the groups' elements), both in
   // memory_space.
   void take_pieces(const float* whole, float* local) const {
     using Floats = Kokkos::View<float*, memory_space, Kokkos::MemoryUnmanaged>;
@@ -119,7 +116,6 @@ class ParameterShards {
   parallel::Communicator ranks_;
   std::vector<ParameterGroup<T>> groups_, pieces_;
   std::vector<std::size_t> piece_size_, piece_begin_;  // S per group; where the piece starts in a whole vector
-  std::size_t whole_count_ = 0;
 };
 
 }  // namespace longattn::train
