@@ -86,8 +86,9 @@ int main(int argc, char** argv) {
   app.add_option("--cp", c.cp, "context-parallel ranks per sequence (ring attention); dp = ranks / (tp x cp)")
       ->group("Parallel");
   app.add_option("--zero", c.zero,
-                 "ZeRO stage over the dp x cp ranks: 0 (none) or 1 (AdamW's moments and master weights sharded: "
-                 "each rank updates its shard, then all-gathers the parameters)")->group("Parallel");
+                 "ZeRO stage over the dp x cp ranks: 0 (none), 1 (AdamW's moments and master weights sharded: "
+                 "each rank updates its shard, then all-gathers the parameters) or 2 (the gradients too: "
+                 "reduce-scattered in buckets during backward, each rank keeping its shard)")->group("Parallel");
   app.add_option("--eval-every", c.eval_every, "steps between validation losses (0: at the end only)")->group("Output");
   app.add_option("--eval-batches", c.eval_batches, "global batches per validation")->group("Output");
   app.add_option("--checkpoint", c.checkpoint, "checkpoint file (written atomically)")->group("Checkpoint");

@@ -714,6 +714,22 @@ Request Communicator::iall_reduce(const void* send, void* recv, std::size_t coun
   return Request(std::make_unique<detail::OperationGroup>(std::move(parts)));
 }
 
+Request Communicator::ireduce_scatter(const void* send, void* recv, std::size_t count, DataType type,
+                                      ReduceOp op) const {
+  const char* where = "longattn::parallel::Communicator::ireduce_scatter";
+  MPI_Request request = MPI_REQUEST_NULL;
+  guarded(where, [&] {
+    check_buffers(where, send, recv, count, type, op);
+    require(send != recv || count == 0, where, "recv", "the send buffer", "a buffer of its own");
+    require(count <= std::size_t(INT_MAX), where, "count", count, "at most 2^31 - 1 elements per rank");
+    verify(where, count, type, int(op));
+    check_mpi(MPI_Ireduce_scatter_block(send, recv, int(count), mpi_type(type), mpi_op(op, type), state_->comm, &request),
+              "MPI_Ireduce_scatter_block");
+  });
+  return Request(std::make_unique<detail::SingleRequest>(request, op == ReduceOp::average ? recv : nullptr, count, type,
+                                                         state_->size));
+}
+
 // ------------------------------------------------------------------------------ grid
 Grid make_grid(const Communicator& world, int context_parallel) {
   const char* where = "longattn::parallel::make_grid";

@@ -187,6 +187,15 @@ Request Communicator::iall_reduce(const void* send, void* recv, std::size_t coun
   return Request(std::move(done));
 }
 
+Request Communicator::ireduce_scatter(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op,
+                                      cudaStream_t stream) const {
+  reduce_scatter(send, recv, count, type, op, stream);
+  std::unique_ptr<detail::PendingOperation> done;
+  guarded("longattn::parallel::Communicator::ireduce_scatter",
+          [&] { done = std::make_unique<detail::StreamEvent>(stream); });
+  return Request(std::move(done));
+}
+
 // The exchange stream waits for what `stream` holds (the kernels that wrote the sends), runs the
 // group, and the Request waits for the exchange stream.
 Request Communicator::exchange(const std::vector<Transfer>& transfers, cudaStream_t stream) const {

@@ -180,6 +180,46 @@ TEST_CASE("recomputation gives the gradients of a model that keeps every activat
   CHECK(full.peak_bytes < selective.peak_bytes);
 }
 
+// Per-block gradient memory (ZeRO 2's model): each group's gradients exist only inside its
+// ready() call, equal to those a model keeping every gradient makes; afterwards the groups point
+// nowhere, and the model holds less memory at once (one block's gradients, not all).
+TEST_CASE("per-block gradient memory gives the kept gradients inside ready(), one block at a time", "[train][zero]") {
+  ModelConfig config;
+  config.layers = 3;
+  config.embed = 16;
+  config.heads = 2;
+  config.context = 70;
+  config.seed = test::test_seed();
+  config.recompute = GENERATE(Recompute::none, Recompute::full);
+  INFO("recompute " << to_string(config.recompute) << ", seed " << config.seed);
+  using Model = Transformer<Host, double>;
+  const int B = 2, n = 70;
+  std::mt19937_64 rng(config.seed + 1);
+  const Model::Batch batch = random_batch<Model>(B, n, rng);
+  auto run = [&](GradientMemory memory, std::size_t& peak_bytes) {
+    const memory::Pool<Kokkos::HostSpace> pool;
+    Model model(ExecutionContext<Host>(Host(), pool), config, nullptr, memory);
+    CHECK(model.gradient_memory() == memory);
+    pool.reset_high_water();
+    std::vector<std::vector<double>> gradients;
+    model.forward(batch, B * n);
+    model.backward([&](int i) {
+      const auto& g = model.parameter_groups()[std::size_t(i)];
+      REQUIRE(g.gradients != nullptr);
+      gradients.emplace_back(g.gradients, g.gradients + g.count);
+    });
+    peak_bytes = pool.stats().in_use_high_water_bytes;
+    for (const auto& g : model.parameter_groups()) CHECK((g.gradients == nullptr) == (memory == GradientMemory::per_block));
+    return gradients;
+  };
+  std::size_t kept_bytes = 0, per_block_bytes = 0;
+  const auto kept = run(GradientMemory::kept, kept_bytes);
+  const auto per_block = run(GradientMemory::per_block, per_block_bytes);
+  CHECK(per_block == kept);
+  INFO("peak bytes: kept " << kept_bytes << ", per block " << per_block_bytes);
+  CHECK(per_block_bytes < kept_bytes);
+}
+
 TEST_CASE("AdamW and the schedule follow their formulas", "[train][optimizer]") {
   OptimizerConfig c;
   c.lr = 1e-2, c.min_lr = 1e-3, c.warmup = 4, c.weight_decay = 0.1, c.clip = 0.5;
@@ -276,7 +316,8 @@ TEST_CASE("data parallel: 2 ranks give the losses of 1 with the same global batc
 // its shard of AdamW's state, then all-gathers them; only the gradient norm's sum runs in another
 // order. embed 33 over 3 heads: groups of odd sizes, so some ranks' pieces are shorter. bf16:
 // the fp32 master weights are sharded too. At 4 ranks also dp 2 x cp 2 (ring attention).
-TEST_CASE("ZeRO 1 gives the losses of no ZeRO on the same ranks, with a shard of AdamW's memory", "[train][zero]") {
+TEST_CASE("ZeRO 1 and 2 give the losses of no ZeRO on the same ranks, with a shard of AdamW's memory (and of the "
+          "gradients)", "[train][zero]") {
   const int ranks = test::throwing_world().size();
   if (ranks == 1) {
     WARN("SKIP: ZeRO needs 2 or more MPI ranks, the world has 1 (ctest's train_np2 and train_np4_zero run it)");
@@ -284,9 +325,10 @@ TEST_CASE("ZeRO 1 gives the losses of no ZeRO on the same ranks, with a shard of
   }
   std::vector<int> cps{1};
   if (ranks % 2 == 0 && ranks > 2) cps.push_back(2);
+  for (const int stage : {1, 2})
   for (const Precision precision : {Precision::fp32, Precision::bf16})
     for (const int cp : cps) {
-      INFO(to_string(precision) << ", dp " << ranks / cp << " x cp " << cp);
+      INFO("ZeRO " << stage << ", " << to_string(precision) << ", dp " << ranks / cp << " x cp " << cp);
       TrainConfig c = tiny_config();
       c.model.embed = 33;
       c.model.heads = 3;
@@ -296,7 +338,7 @@ TEST_CASE("ZeRO 1 gives the losses of no ZeRO on the same ranks, with a shard of
       c.cp = cp;
       c.optimizer.clip = 0.05;  // below these gradients' norms: every rank must clip by the global one
       const TrainResult none = run_training(c, test::throwing_world(), nullptr);
-      c.zero = 1;
+      c.zero = stage;
       const TrainResult zero = run_training(c, test::throwing_world(), nullptr);
       check_same_losses(losses(zero), losses(none), precision == Precision::fp32 ? 1e-5 : 1e-3);
       for (std::size_t i = 0; i < zero.steps.size(); ++i) {
@@ -304,21 +346,60 @@ TEST_CASE("ZeRO 1 gives the losses of no ZeRO on the same ranks, with a shard of
         CHECK(zero.steps[i].gradient_norm > c.optimizer.clip);
         CHECK(zero.steps[i].gradient_norm == Approx(none.steps[i].gradient_norm).epsilon(1e-5));
       }
-      // AdamW's moments (and master weights) on 1/ranks of the elements, give or take a piece's rounding.
-      const std::size_t optimizer_floats = precision == Precision::fp32 ? 2 : 3;
+      // AdamW's moments (and master weights; under ZeRO 2 the float gradients) on 1/ranks of the
+      // elements, give or take a piece's rounding.
+      const std::size_t sharded_floats = (precision == Precision::fp32 ? 2 : 3) + (stage == 2 ? 1 : 0);
       const double saved = double(none.model_state_bytes) - double(zero.model_state_bytes);
-      CHECK(saved == Approx(double(none.parameters * optimizer_floats * sizeof(float)) * (1 - 1.0 / ranks)).epsilon(0.01));
-      // The pool's high-water falls by about as much (the all-gathers' staging is one group's size).
+      CHECK(saved == Approx(double(none.parameters * sharded_floats * sizeof(float)) * (1 - 1.0 / ranks)).epsilon(0.01));
+      // The pool's high-water falls by about as much as AdamW's state (the all-gathers' staging
+      // is one group's size; ZeRO 2's gradients saved pay for the bucket in flight: this model's
+      // gradients are all in one).
       INFO("pool high-water: " << none.steps.back().memory_bytes << " bytes without ZeRO, "
                                << zero.steps.back().memory_bytes << " with");
-      CHECK(double(none.steps.back().memory_bytes) - double(zero.steps.back().memory_bytes) > 0.5 * saved);
+      const double optimizer_saved = double(none.parameters * (sharded_floats - (stage == 2 ? 1 : 0)) * sizeof(float)) *
+                                     (1 - 1.0 / ranks);
+      CHECK(double(none.steps.back().memory_bytes) - double(zero.steps.back().memory_bytes) > 0.5 * optimizer_saved);
     }
 }
 
-// A checkpoint holds AdamW's whole state whatever the grid: written by the world under ZeRO 1,
+// ZeRO 2 reduce-scatters each micro-batch's gradients as backward makes them (the model holds
+// them only per block) and adds them into the pieces: with micro-batches, full recomputation and
+// gradients reduced in 16 bits, the losses and clipped norms of no ZeRO.
+TEST_CASE("ZeRO 2 with micro-batches, recomputation and 16-bit reduction: the losses of no ZeRO", "[train][zero]") {
+  const auto world = test::throwing_world();
+  if (world.size() == 1) {
+    WARN("SKIP: ZeRO needs 2 or more MPI ranks, the world has 1 (ctest's train_np2 and train_np4_zero run it)");
+    return;
+  }
+  for (const Precision precision : {Precision::fp32, Precision::bf16}) {
+    INFO(to_string(precision));
+    TrainConfig c = tiny_config();
+    c.batch = 2 * world.size();
+    c.micro_batch = 1;  // 2 micro-batches per rank
+    c.model.recompute = Recompute::full;
+    c.precision = precision;
+    c.grad_reduce = GradientReduce::model;  // bf16: the buckets travel in 16 bits
+    c.steps = 3;
+    c.optimizer.clip = 0.05;
+    const TrainResult none = run_training(c, world, nullptr);
+    c.zero = 2;
+    const TrainResult zero = run_training(c, world, nullptr);
+    REQUIRE(zero.micro_batches == 2);
+    const double tolerance = precision == Precision::fp32 ? 1e-5 : 1e-3;
+    check_same_losses(losses(zero), losses(none), tolerance);
+    for (std::size_t i = 0; i < zero.steps.size(); ++i) {
+      INFO("step " << i + 1);
+      CHECK(zero.steps[i].gradient_norm > c.optimizer.clip);
+      CHECK(zero.steps[i].gradient_norm == Approx(none.steps[i].gradient_norm).epsilon(tolerance));
+    }
+  }
+}
+
+// A checkpoint holds AdamW's whole state whatever the grid: written by the world under ZeRO 1 or 2,
 // resumed by one rank without it, and that one's resumed by the world under ZeRO 1 again, the
 // losses are the uninterrupted run's.
-TEST_CASE("a checkpoint written under ZeRO 1 resumes on one rank without it, and back", "[train][zero][checkpoint]") {
+TEST_CASE("a checkpoint written under ZeRO 1 or 2 resumes on one rank without it, and back",
+          "[train][zero][checkpoint]") {
   const auto world = test::throwing_world();
   if (world.size() == 1) {
     WARN("SKIP: ZeRO needs 2 or more MPI ranks, the world has 1 (ctest's train_np2 and train_np4_zero run it)");
@@ -326,7 +407,8 @@ TEST_CASE("a checkpoint written under ZeRO 1 resumes on one rank without it, and
   }
   TrainConfig c = tiny_config();
   c.precision = Precision::bf16;  // master weights, moments: all sharded
-  c.zero = 1;
+  c.zero = GENERATE(1, 2);
+  INFO("ZeRO " << c.zero);
   const std::vector<double> uninterrupted = losses(run_training(c, world, nullptr));
   c.checkpoint = shared_path("zero.ckpt");
   c.stop_after = 2;
@@ -429,9 +511,9 @@ TEST_CASE("tensor parallel composes with 16-bit precision, recomputation and mic
 }
 
 // At 4 ranks: tp 2 x cp 2 (ring attention over the heads of each tensor rank) against one rank,
-// and ZeRO 1 under tp 2 x dp 2 (AdamW's state sharded over the 2 ranks of each tensor rank)
+// and ZeRO 1 and 2 under tp 2 x dp 2 (AdamW's state, and the gradients, sharded over the 2 ranks of each tensor rank)
 // against none.
-TEST_CASE("tensor parallel with context parallelism and ZeRO 1: the losses of one rank and of no ZeRO",
+TEST_CASE("tensor parallel with context parallelism and ZeRO 1 and 2: the losses of one rank and of no ZeRO",
           "[train][tp]") {
   const auto world = test::throwing_world();
   if (world.size() != 4) {
@@ -452,16 +534,19 @@ TEST_CASE("tensor parallel with context parallelism and ZeRO 1: the losses of on
   check_same_losses(losses(ring), losses(one), 1e-5);
   c.cp = 1;  // dp 2
   const TrainResult none = run_training(c, world, nullptr);
-  c.zero = 1;
-  const TrainResult zero = run_training(c, world, nullptr);
   check_same_losses(losses(none), losses(one), 1e-5);
-  check_same_losses(losses(zero), losses(none), 1e-5);
-  for (std::size_t i = 0; i < zero.steps.size(); ++i) {
-    INFO("step " << i + 1);
-    CHECK(zero.steps[i].gradient_norm > c.optimizer.clip);
-    CHECK(zero.steps[i].gradient_norm == Approx(one.steps[i].gradient_norm).epsilon(1e-5));
+  for (const int stage : {1, 2}) {
+    INFO("ZeRO " << stage);
+    c.zero = stage;
+    const TrainResult zero = run_training(c, world, nullptr);
+    check_same_losses(losses(zero), losses(none), 1e-5);
+    for (std::size_t i = 0; i < zero.steps.size(); ++i) {
+      INFO("step " << i + 1);
+      CHECK(zero.steps[i].gradient_norm > c.optimizer.clip);
+      CHECK(zero.steps[i].gradient_norm == Approx(one.steps[i].gradient_norm).epsilon(1e-5));
+    }
+    CHECK(zero.model_state_bytes < none.model_state_bytes);
   }
-  CHECK(zero.model_state_bytes < none.model_state_bytes);
 }
 
 // A checkpoint holds each tensor whole: written at tp 2, resumed on one rank (tp 1) and by the
@@ -1067,9 +1152,9 @@ TEST_CASE("bad options are refused naming them", "[train][errors]") {
   bad.loss_scale.initial = 0;
   fails(bad, "argument 'loss-scale' is 0, expected a positive finite factor");
   bad = c;
-  bad.zero = 2;
-  fails(bad, "argument 'zero' is 2, expected 0 or 1 (ZeRO 1: AdamW's state sharded over the ranks; stages 2 and 3 "
-             "are not built)");
+  bad.zero = 3;
+  fails(bad, "argument 'zero' is 3, expected 0, 1 or 2 (ZeRO 1: AdamW's state sharded over the ranks; 2: the "
+             "gradients too; stage 3 is not built)");
   if (world.size() == 2) {
     bad = c;
     bad.batch = 3;

@@ -265,6 +265,39 @@ TEMPLATE_LIST_TEST_CASE("MultiheadAttention accumulates parameter gradients unti
   for (double g : to_vector(module.gradients())) REQUIRE(g == 0);
 }
 
+// Gradient memory lent by the caller (options.own_gradients = false, use_gradients): the module
+// refuses backward without it, then writes there the gradients an owning module makes.
+TEMPLATE_LIST_TEST_CASE("MultiheadAttention writes its gradients into memory the caller lends",
+                        "[core][module]", longattn::test::ExecutionSpaces) {
+  using Memory = typename TestType::memory_space;
+  using Tokens = Kokkos::View<float***, Kokkos::LayoutRight, Memory>;
+  using Module = longattn::MultiheadAttention<TestType, float>;
+  std::mt19937_64 rng(longattn::test::test_seed());
+  const int B = 2, N = 37, E = 12, H = 3;
+  longattn::MultiheadAttentionOptions options;
+  options.causal = true;
+  options.seed = rng();
+  Module owning(E, H, options);
+  options.own_gradients = false;
+  Module lent(E, H, options);
+  CHECK(lent.gradients().size() == 0);
+  Tokens x = to_device3<float, Memory>(random_tokens(B, N, E, rng)), y("y", B, N, E), dx("dx", B, N, E);
+  Tokens dy = to_device3<float, Memory>(random_tokens(B, N, E, rng));
+  lent.forward(x, y);
+  CHECK_THROWS_WITH(lent.backward(dy, dx), Catch::Contains("use_gradients() before backward()"));
+  CHECK_THROWS_WITH(lent.use_gradients(typename Module::GradientFlat("short", lent.parameter_count() - 1)),
+                    Catch::Contains("argument 'storage' is " + std::to_string(lent.parameter_count() - 1)));
+  typename Module::GradientFlat storage("lent", lent.parameter_count());
+  lent.use_gradients(storage);
+  lent.backward(dy, dx);
+  owning.forward(x, y);
+  owning.backward(dy, dx);
+  CHECK(lent.gradients().data() == storage.data());
+  const std::vector<double> from_lent = to_vector(storage), from_owning = to_vector(owning.gradients());
+  CHECK(from_lent == from_owning);
+  CHECK(std::any_of(from_lent.begin(), from_lent.end(), [](double g) { return g != 0; }));
+}
+
 // 16-bit storage (bfloat16, float16) with float sums, statistics and gradients: y, dx and every
 // parameter gradient against the double module given the same (rounded) parameters and inputs,
 // as normwise relative errors bounded by a few unit roundoffs of the storage type.

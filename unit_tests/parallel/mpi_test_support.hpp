@@ -53,4 +53,13 @@ using Tensor = Kokkos::View<T****, Kokkos::LayoutRight, Memory>;  // [B, N, H, D
 template <class T, class Memory>
 using Rows = Kokkos::View<T***, Kokkos::LayoutRight, Memory>;     // [B, H, N]
 
+// A multiple of 1/4 in [-2^(bits-3), 2^(bits-3)) from what rank, step, gradient and element it
+// is: sums over a few ranks are exact in float, and in bfloat16 while bits + log2(terms) <= 8.
+inline double exact_contribution(std::uint64_t seed, int rank, int step, int gradient, std::size_t i, int bits = 6) {
+  std::uint64_t h = seed + std::uint64_t(rank) * 1000003u + std::uint64_t(step) * 7919u + std::uint64_t(gradient) * 104729u + i;
+  h ^= h >> 31;
+  h *= 0x9e3779b97f4a7c15ull;
+  return double(std::int64_t(h >> (64 - bits)) - (std::int64_t(1) << (bits - 1))) / 4.0;
+}
+
 }  // namespace longattn::test

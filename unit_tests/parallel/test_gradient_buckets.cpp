@@ -22,14 +22,7 @@ using longattn::parallel::Communicator;
 using longattn::parallel::GradientBucketOptions;
 using longattn::parallel::GradientBuckets;
 
-// A multiple of 1/4 from what rank, step, gradient and element it is: sums are exact.
-double contribution(std::uint64_t seed, int rank, int step, int gradient, std::size_t i) {
-  std::uint64_t h = seed + std::uint64_t(rank) * 1000003u + std::uint64_t(step) * 7919u + std::uint64_t(gradient) * 104729u + i;
-  h ^= h >> 31;
-  h *= 0x9e3779b97f4a7c15ull;
-  return double(std::int64_t(h >> 58) - 32) / 4.0;
-}
-
+using longattn::test::exact_contribution;
 using longattn::test::throwing_options;
 
 }  // namespace
@@ -71,10 +64,10 @@ TEST_CASE("bucketed gradients are averaged over the ranks, buckets starting duri
           const auto [is_double, i] = order[g];
           if (is_double)
             for (std::size_t e = 0; e < doubles[std::size_t(i)].size(); ++e)
-              doubles[std::size_t(i)][e] = contribution(seed, comm.rank(), step, int(g), e);
+              doubles[std::size_t(i)][e] = exact_contribution(seed, comm.rank(), step, int(g), e);
           else
             for (std::size_t e = 0; e < floats[std::size_t(i)].size(); ++e)
-              floats[std::size_t(i)][e] = float(contribution(seed, comm.rank(), step, int(g), e));
+              floats[std::size_t(i)][e] = float(exact_contribution(seed, comm.rank(), step, int(g), e));
         }
         for (std::size_t g = 0; g < order.size(); ++g) buckets.ready(int(g));  // backward finishes them in order
         CHECK(buckets.buckets_started() == buckets.buckets());  // each started when its last gradient was ready
@@ -86,7 +79,7 @@ TEST_CASE("bucketed gradients are averaged over the ranks, buckets starting duri
           const std::size_t count = is_double ? doubles[std::size_t(i)].size() : floats[std::size_t(i)].size();
           for (std::size_t e = 0; e < count; ++e) {
             double sum = 0;
-            for (int r = 0; r < P; ++r) sum += contribution(seed, r, step, int(g), e);
+            for (int r = 0; r < P; ++r) sum += exact_contribution(seed, r, step, int(g), e);
             if (is_double) all_equal = all_equal && doubles[std::size_t(i)][e] == sum * (1.0 / P);
             else all_equal = all_equal && floats[std::size_t(i)][e] == float(sum) * (1.0f / float(P));
           }
@@ -126,10 +119,10 @@ TEST_CASE("gradients stored in their buckets are reduced where they are, kept on
     int s = 0, k = 0;
     for (int g = 0; g < 30; ++g) {
       if (g % 10 == 9)
-        for (std::size_t e = 0; e < kept[std::size_t(k)].size(); ++e) kept[std::size_t(k)][e] = contribution(seed, comm.rank(), step, g, e);
+        for (std::size_t e = 0; e < kept[std::size_t(k)].size(); ++e) kept[std::size_t(k)][e] = exact_contribution(seed, comm.rank(), step, g, e);
       else
         for (std::size_t e = 0; e < stored[std::size_t(s)].size(); ++e)
-          stored[std::size_t(s)](e) = float(contribution(seed, comm.rank(), step, g, e));
+          stored[std::size_t(s)](e) = float(exact_contribution(seed, comm.rank(), step, g, e));
       g % 10 == 9 ? ++k : ++s;
     }
     for (int g = 29; g >= 0; --g) buckets.ready(g);  // any order
@@ -140,7 +133,7 @@ TEST_CASE("gradients stored in their buckets are reduced where they are, kept on
       const std::size_t count = g % 10 == 9 ? kept[std::size_t(k)].size() : stored[std::size_t(s)].size();
       for (std::size_t e = 0; e < count; ++e) {
         double sum = 0;
-        for (int r = 0; r < comm.size(); ++r) sum += contribution(seed, r, step, g, e);
+        for (int r = 0; r < comm.size(); ++r) sum += exact_contribution(seed, r, step, g, e);
         all_equal = all_equal && (g % 10 == 9 ? kept[std::size_t(k)][e] == sum * (1.0 / comm.size())
                                               : stored[std::size_t(s)](e) == float(sum) * (1.0f / float(comm.size())));
       }
@@ -192,7 +185,7 @@ TEMPLATE_LIST_TEST_CASE("gradients in the memory of an execution space are summe
   for (int step = 0; step < 2; ++step) {
     for (int g = 0; g < 12; ++g) {
       const auto host = Kokkos::create_mirror_view(views[std::size_t(g)]);
-      for (std::size_t e = 0; e < host.size(); ++e) host(e) = float(contribution(seed, comm.rank(), step, g, e));
+      for (std::size_t e = 0; e < host.size(); ++e) host(e) = float(exact_contribution(seed, comm.rank(), step, g, e));
       Kokkos::deep_copy(views[std::size_t(g)], host);
     }
     for (int g = 0; g < 12; ++g) buckets.ready(g);
@@ -202,7 +195,7 @@ TEMPLATE_LIST_TEST_CASE("gradients in the memory of an execution space are summe
       const auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), views[std::size_t(g)]);
       for (std::size_t e = 0; e < host.size(); ++e) {
         double sum = 0;
-        for (int r = 0; r < comm.size(); ++r) sum += contribution(seed, r, step, g, e);
+        for (int r = 0; r < comm.size(); ++r) sum += exact_contribution(seed, r, step, g, e);
         all_equal = all_equal && host(e) == float(sum);
       }
     }
@@ -236,7 +229,7 @@ TEMPLATE_TEST_CASE("float gradients reduced in 16 bits come back as the 16-bit a
     CHECK(buckets.buffer_bytes() == 2 * (300 + 5) + 2 * 2000 + 4096 + 2 * 777);
     for (int step = 0; step < 2; ++step) {
       auto fill = [&](float* g, std::size_t count, int index) {
-        for (std::size_t e = 0; e < count; ++e) g[e] = float(contribution(seed, comm.rank(), step, index, e));
+        for (std::size_t e = 0; e < count; ++e) g[e] = float(exact_contribution(seed, comm.rank(), step, index, e));
       };
       for (std::size_t i = 0; i < kept.size(); ++i) fill(kept[i].data(), kept[i].size(), int(i));
       fill(stored.data(), stored.size(), 3);
@@ -246,7 +239,7 @@ TEMPLATE_TEST_CASE("float gradients reduced in 16 bits come back as the 16-bit a
       // rounded to 16 bits, widened back.
       auto expected = [&](int index, std::size_t e) {
         double sum = 0;
-        for (int r = 0; r < P; ++r) sum += contribution(seed, r, step, index, e);
+        for (int r = 0; r < P; ++r) sum += exact_contribution(seed, r, step, index, e);
         return float(Half(float(sum) * (1.0f / float(P))));
       };
       bool all_equal = true;

@@ -239,9 +239,10 @@ Estimate estimate(const Plan& plan, const AttentionWork& work) {
   }
   if (t > 1 && sp) add_buffer(2 * b * s_local * h * element, "sequence-parallel all-gather of s b h");
   // Buckets in flight, as gradient_as_bucket_view reduces them; a model whose gradients are
-  // smaller than two buckets holds only those.
+  // smaller than two buckets holds only those. Buckets hold whole gradients, also under ZeRO 2
+  // (each is reduce-scattered into the ranks' pieces).
   if (n_dp > 1)
-    add_buffer(std::min(2 * bucket_bytes, states.gradients),
+    add_buffer(std::min(2 * bucket_bytes, e.parameters_per_gpu * parameter_bytes(training.precision)),
                "2 gradient buckets of 25 MiB (or all the gradients, if fewer bytes)");
   if (layout.zero_stage >= 3 && n_dp > 1)
     add_buffer(2 * per_layer / t * element, "ZeRO-3: 2 layers' gathered parameters");

@@ -16,6 +16,7 @@
 #include "longattn/core/ceilings.hpp"
 #include "longattn/parallel/context_parallel_attention.hpp"
 #include "longattn/parallel/gradient_buckets.hpp"
+#include "longattn/parallel/gradient_reduce_scatter.hpp"
 #include "longattn/parallel/tensor_parallel.hpp"
 #include "longattn/train/checkpoint.hpp"
 #include "longattn/train/prediction.hpp"
@@ -160,8 +161,8 @@ void validate(const TrainConfig& c, int world_size) {
   require(c.micro_batch >= 0 && (c.micro_batch == 0 || per_rank % c.micro_batch == 0), program, "micro-batch",
           c.micro_batch,
           "a divisor of batch / dp = " + std::to_string(per_rank) + " (sequences per rank), or 0 for all of them");
-  require(c.zero == 0 || c.zero == 1, program, "zero", c.zero,
-          "0 or 1 (ZeRO 1: AdamW's state sharded over the ranks; stages 2 and 3 are not built)");
+  require(c.zero >= 0 && c.zero <= 2, program, "zero", c.zero,
+          "0, 1 or 2 (ZeRO 1: AdamW's state sharded over the ranks; 2: the gradients too; stage 3 is not built)");
   require(c.eval_every >= 0, program, "eval-every", c.eval_every, "a step count >= 0");
   require(c.eval_batches >= 1, program, "eval-batches", c.eval_batches, "at least 1");
   require(c.checkpoint_every >= 0, program, "checkpoint-every", c.checkpoint_every, "a step count >= 0");
@@ -285,7 +286,9 @@ TrainResult train(const TrainConfig& config, const parallel::Communicator& world
 
   std::optional<Dataset> data;
   world.checked(program, [&] { data.emplace(config.data, N); });
-  Model model(context, config.model, features);
+  // ZeRO 1 and 2 shard over the ranks holding the same parameters (with one: nothing to shard).
+  const int zero = same_part.size() > 1 ? config.zero : 0;
+  Model model(context, config.model, features, zero == 2 ? GradientMemory::per_block : GradientMemory::kept);
   std::shared_ptr<parallel::ContextParallelAttention<Exec, T>> ring;
   std::vector<parallel::Segment> segments{{0, 0, N}};
   if (cp > 1) {
@@ -297,18 +300,29 @@ TrainResult train(const TrainConfig& config, const parallel::Communicator& world
   LocalBatch<Exec, T> local(std::int64_t(dp_rank) * sequences, micro_batch, segments);
 
   const auto& groups = model.parameter_groups();
+  // ZeRO 1 and 2: this rank's AdamW updates its pieces of every group (zero.hpp).
+  std::optional<ParameterShards<Exec, T>> shards;
+  if (zero > 0) shards.emplace(context, same_part, groups, zero);
+  // The gradients' sum over the same_part ranks: all-reduced in buckets (every rank gets them
+  // whole), or under ZeRO 2 reduce-scattered (each rank gets its pieces).
+  const parallel::DataType reduce_type = config.grad_reduce == GradientReduce::model && !std::is_same_v<T, float>
+                                             ? parallel::data_type_of<T>()
+                                             : parallel::DataType::float32;
   std::unique_ptr<parallel::GradientBuckets<Exec>> buckets;
-  if (same_part.size() > 1) {
-    parallel::GradientBucketOptions options;
+  std::unique_ptr<parallel::GradientReduceScatter<Exec>> scatter;
+  if (zero == 2) {
+    parallel::GradientReduceScatterOptions options;
     options.op = parallel::ReduceOp::sum;  // every rank's loss is already divided by the global token count
-    if (config.grad_reduce == GradientReduce::model && !std::is_same_v<T, float>)
-      options.reduce_type = parallel::data_type_of<T>();
+    options.reduce_type = reduce_type;
+    scatter = std::make_unique<parallel::GradientReduceScatter<Exec>>(context, same_part, options);
+    for (std::size_t i = 0; i < groups.size(); ++i) scatter->add(groups[i].count, shards->pieces()[i].gradients);
+  } else if (same_part.size() > 1) {
+    parallel::GradientBucketOptions options;
+    options.op = parallel::ReduceOp::sum;
+    options.reduce_type = reduce_type;
     buckets = std::make_unique<parallel::GradientBuckets<Exec>>(context, same_part, options);
     for (const auto& g : groups) buckets->add(g.gradients, g.count);
   }
-  // ZeRO 1: this rank's AdamW updates its shard of every group (with one rank: all of it).
-  std::optional<ParameterShards<Exec, T>> shards;
-  if (config.zero == 1 && same_part.size() > 1) shards.emplace(context, same_part, groups);
   // The global gradient norm: pieces (ZeRO) summed over the ranks of a part, parts of split
   // tensors (tp) over the tensor-parallel group; whole tensors are alike on its ranks.
   using Squares = typename AdamW<Exec, T>::Squares;
@@ -471,7 +485,8 @@ TrainResult train(const TrainConfig& config, const parallel::Communicator& world
     if (config.checkpoint.empty()) {
       message += "Nothing saved (no --checkpoint).";
     } else if (state_spread) {
-      message += std::string("Nothing saved: under ") + (shards ? "--zero 1 AdamW's state" : "--tp > 1 the model") +
+      message += std::string("Nothing saved: under ") +
+                 (shards ? "--zero " + std::to_string(zero) + " AdamW's state" : std::string("--tp > 1 the model")) +
                  " is spread over the ranks, and this rank cannot collect it alone; resume from the last checkpoint "
                  "in " + config.checkpoint + ", if any.";
     } else {
@@ -497,9 +512,11 @@ TrainResult train(const TrainConfig& config, const parallel::Communicator& world
   result.first_step = first + 1;
   result.micro_batches = micro_batches;
   result.parameters = model.whole_parameter_count();
-  // Values (T), and in float the gradients, two moments and for 16-bit T the master weights.
+  // Values (T), and in float the gradients (ZeRO 2: this rank's pieces), two moments and for
+  // 16-bit T the master weights.
   const std::size_t optimizer_elements = shards ? shards->piece_elements() : model.parameter_count();
-  result.model_state_bytes = model.parameter_count() * (sizeof(T) + sizeof(float)) +
+  const std::size_t gradient_elements = zero == 2 ? shards->piece_elements() : model.parameter_count();
+  result.model_state_bytes = model.parameter_count() * sizeof(T) + gradient_elements * sizeof(float) +
                              optimizer_elements * sizeof(float) * (AdamW<Exec, T>::keeps_master_weights ? 3 : 2);
   result.flops_per_step = model.flops_per_step(config.batch);
   result.peak_gflops = config.peak_gflops;
@@ -543,7 +560,9 @@ TrainResult train(const TrainConfig& config, const parallel::Communicator& world
          << "; gradients all-reduced in "
          << (config.grad_reduce == GradientReduce::model ? to_string(config.precision) : "fp32")
          << "; ZeRO " << config.zero
-         << (shards ? " (AdamW's state sharded over " + std::to_string(same_part.size()) + " ranks)" : "");
+         << (shards ? std::string(" (AdamW's state") + (zero == 2 ? " and the gradients" : "") + " sharded over " +
+                          std::to_string(same_part.size()) + " ranks)"
+                    : "");
     if (scaling) *out << ", loss scale " << loss_scale;
     *out << "\n"
          << "compute   " << std::fixed << std::setprecision(2) << result.flops_per_step * 1e-9 << " GFLOP per step; "
@@ -595,15 +614,25 @@ TrainResult train(const TrainConfig& config, const parallel::Communicator& world
     double local_loss = 0;
     try {
       model.zero_gradients();
+      if (scatter) Kokkos::deep_copy(context.exec(), shards->piece_gradients(), 0.0f);
       if (ring) ring->reset_timings();
       if (features) features->reset_seconds();
       for (std::int64_t m = 0; m < micro_batches; ++m) {
         // Every micro-batch's loss is over the global batch's token count, so the gradients add
-        // up to the step's; the all-reduce starts as the last micro-batch's gradients become final.
+        // up to the step's; the all-reduce starts as the last micro-batch's gradients become
+        // final. Under ZeRO 2 every micro-batch's gradients are reduce-scattered and added into
+        // the pieces (the model keeps none of them).
         local_loss += model.forward(local.fill(global, m), global.weighted_tokens, loss_scale);
         const bool last_micro = m + 1 == micro_batches;
-        model.backward(buckets && last_micro ? std::function<void(int)>([&](int group) { buckets->ready(group); })
-                                             : std::function<void(int)>());
+        if (scatter) {
+          model.backward([&](int group) { scatter->ready(group, groups[std::size_t(group)].gradients); });
+          const Clock::time_point wait = Clock::now();
+          scatter->wait();
+          communication += seconds_since(wait);
+        } else {
+          model.backward(buckets && last_micro ? std::function<void(int)>([&](int group) { buckets->ready(group); })
+                                               : std::function<void(int)>());
+        }
       }
       if (buckets) {
         const Clock::time_point wait = Clock::now();
@@ -662,6 +691,7 @@ TrainResult train(const TrainConfig& config, const parallel::Communicator& world
     r.seconds = seconds_since(start);
     // The slowest rank's time, communication and memory make the step's figures.
     if (buckets) result.bucket_bytes = buckets->buffer_bytes();
+    if (scatter) result.bucket_bytes = scatter->buffer_bytes();
     const double mine[3] = {r.seconds, communication,
                             double(context.pool().stats().in_use_high_water_bytes)};
     double most[3];

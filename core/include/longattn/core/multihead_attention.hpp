@@ -18,7 +18,9 @@
 // gradients). release_activations() drops everything kept (full recomputation by the caller:
 // forward() again before backward()). backward() takes its own buffers from the pool for its
 // duration, writes dx and adds the parameters' gradients into gradients() (zero_gradients()
-// clears them), so micro-batches accumulate. Projections are Kokkos Kernels gemm calls. The
+// clears them), so micro-batches accumulate. The gradients are the module's own buffer, or with
+// options.own_gradients = false memory the caller lends with use_gradients() (a model that holds
+// gradients only while backward makes them, as ZeRO 2 does). Projections are Kokkos Kernels gemm calls. The
 // module runs in the ExecutionContext it is made with (execution_context.hpp): every kernel and
 // gemm on its instance, parameters, activations and workspaces from its pool (without one: the
 // space's default instance and pool). Inputs are contiguous LayoutRight views.
@@ -66,6 +68,7 @@ struct MultiheadAttentionOptions {
   double gamma_init = 1.0;          // MAGNETO's gain for W_v and W_out (depends on the model's depth)
   std::uint64_t seed = 0;           // weight initialization
   bool recompute_attention = false; // keep Q, K, V only; backward() recomputes A, LSE and Z
+  bool own_gradients = true;        // false: no gradient buffer; the caller lends one (use_gradients)
 };
 
 // out[r][e] = bias[e] for every row of a [rows, E] matrix (the bias of a linear layer, before its
@@ -146,11 +149,13 @@ class MultiheadAttention {
     if (options.attention.kind == AttentionSpec::Kind::dilated)
       validate_dilated_config(options.attention.dilated, heads, where);
     parameters_ = context_.template allocate<Flat>(parameter_count());
-    gradients_ = context_.template allocate<GradientFlat>(parameter_count());
     weights_ = carve(parameters_.view());
-    weight_gradients_ = carve(gradients_.view());
     initialize_parameters();
-    zero_gradients();
+    if (options.own_gradients) {
+      own_gradients_ = context_.template allocate<GradientFlat>(parameter_count());
+      use_gradients(own_gradients_.view());
+      zero_gradients();
+    }
   }
 
   // In the space's default instance and pool.
@@ -198,11 +203,23 @@ class MultiheadAttention {
   }
   // Views of the module's memory (from the context's pool): valid while the module lives.
   Flat parameters() const { return parameters_; }
-  GradientFlat gradients() const { return gradients_; }
+  GradientFlat gradients() const { return gradients_; }  // empty until use_gradients() without own_gradients
   const Tensors& weights() const { return weights_; }
   const GradientTensors& weight_gradients() const { return weight_gradients_; }
 
-  void zero_gradients() { Kokkos::deep_copy(context_.exec(), gradients_.view(), Accumulate(0)); }
+  void zero_gradients() { Kokkos::deep_copy(context_.exec(), gradients_, Accumulate(0)); }
+
+  // backward() adds the gradients into `storage` from now on: parameter_count() elements of
+  // memory_space that stay valid while backward() runs (not cleared here). The module's own
+  // buffer, if any, goes back to the pool.
+  void use_gradients(const GradientFlat& storage) {
+    require(storage.size() == parameter_count() && storage.span_is_contiguous(),
+            "longattn::MultiheadAttention::use_gradients", "storage", storage.size(),
+            std::to_string(parameter_count()) + " contiguous elements (parameter_count())");
+    if (own_gradients_.data() != storage.data()) own_gradients_ = {};
+    gradients_ = storage;
+    weight_gradients_ = carve(gradients_);
+  }
 
   // Bytes forward() keeps for backward(), for B sequences of N tokens: Q, K, V and a column of
   // ones, and unless options.recompute_attention the attention's outputs (A, LSE, Z, statistics).
@@ -261,6 +278,8 @@ class MultiheadAttention {
     check_tokens(where, "dx", dx, x_.extent(0), x_.extent(1));
     check_no_alias(where, "dx", dx, "dy", dy);
     check_no_alias(where, "dx", dx, "x (of the forward pass)", x_);
+    require(gradients_.size() > 0, where, "this", "a module without gradient memory",
+            "use_gradients() before backward() (options.own_gradients is false)");
     const ExecSpace& exec = context_.exec();
     if (attention_out_.size() == 0) attend(exec);  // recompute_attention: A, LSE and Z again
     const std::size_t rows = x_.extent(0) * x_.extent(1), F = local_features();
@@ -445,7 +464,8 @@ class MultiheadAttention {
   std::shared_ptr<const Features> features_;  // nullptr: the whole layer on this rank
   int parts_, part_;
   memory::PooledView<Flat> parameters_;
-  memory::PooledView<GradientFlat> gradients_;
+  memory::PooledView<GradientFlat> own_gradients_;  // without options.own_gradients: none
+  GradientFlat gradients_;                          // own_gradients_ or the caller's (use_gradients)
   Tensors weights_;
   GradientTensors weight_gradients_;
 

@@ -182,6 +182,8 @@ class Communicator {
   // Nonblocking all-reduce on host memory, flat or hierarchical (as the blocking calls).
   Request iall_reduce(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op,
                       bool hierarchical = false) const;
+  // Nonblocking reduce_scatter on host memory (send holds size() blocks of `count`).
+  Request ireduce_scatter(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op) const;
 
   // ---- memory of exec's space: host memory through MPI after exec.fence(); CUDA memory through
   // NCCL on exec's stream (stream-ordered: later work on exec sees the result).
@@ -213,6 +215,13 @@ class Communicator {
                       ReduceOp op, bool hierarchical) const {
     return on_memory_of(exec, [&] { return iall_reduce(send, recv, count, type, op, hierarchical); },
                         [&](auto stream) { return iall_reduce(send, recv, count, type, op, hierarchical, stream); });
+  }
+  // Nonblocking reduce_scatter; the Request completes when rank r's block is in `recv`.
+  template <class ExecSpace>
+  Request ireduce_scatter(const ExecSpace& exec, const void* send, void* recv, std::size_t count, DataType type,
+                          ReduceOp op) const {
+    return on_memory_of(exec, [&] { return ireduce_scatter(send, recv, count, type, op); },
+                        [&](auto stream) { return ireduce_scatter(send, recv, count, type, op, stream); });
   }
   // Starts the transfers together (the rules above); the Request completes with the last. The
   // sends read their buffers after the work already started on exec.
@@ -275,6 +284,8 @@ class Communicator {
   void all_gather(const void* send, void* recv, std::size_t count, DataType type, cudaStream_t stream) const;
   Request iall_reduce(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op, bool hierarchical,
                       cudaStream_t stream) const;
+  Request ireduce_scatter(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op,
+                          cudaStream_t stream) const;
   // One NCCL group on the communicator's exchange stream, after what `stream` holds now.
   Request exchange(const std::vector<Transfer>& transfers, cudaStream_t stream) const;
 #endif

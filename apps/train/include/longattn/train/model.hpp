@@ -16,6 +16,14 @@
 // Parameters are groups (ParameterGroup: values, gradients, count), listed in the order
 // backward() makes their gradients final (head first, embeddings last), which is the order a
 // data-parallel all-reduce wants them; backward() calls `ready(index)` as each becomes final.
+// Gradient memory (GradientMemory): `kept` holds every gradient from construction on, and
+// backward() adds into it (micro-batches accumulate until zero_gradients()). `per_block` holds a
+// stretch of gradients - the head's, one block's (its own and its attention's), the embeddings' -
+// only while backward makes it: taken from the pool and zeroed when backward reaches it, given
+// back after ready() has been called for each of its groups, so each backward's gradients exist
+// only inside ready(i) for the caller to take (ZeRO 2's reduce-scatter) and a rank never holds
+// all of them; between backward passes the groups' gradient pointers are null.
+//
 // Activation recomputation (ModelConfig::recompute) trades compute for memory with the same
 // results: `none` keeps every block's activations for backward; `selective` keeps the attention's
 // inputs Q, K, V but not its outputs (A, LSE, the sub-LayerNorm's Z), which backward recomputes;
@@ -55,6 +63,7 @@
 namespace longattn::train {
 
 enum class Recompute { none, selective, full };
+enum class GradientMemory { kept, per_block };  // see the top of this file
 const char* to_string(Recompute recompute);
 // "none", "selective" or "full"; throws longattn::Error naming `option` otherwise.
 Recompute parse_recompute(const std::string& text, const char* option = "recompute");
@@ -105,9 +114,11 @@ class Transformer {
   };
 
   // `features`: the tensor-parallel group (nullptr or a group of one: the whole model here).
-  Transformer(const Context& context, const ModelConfig& config, std::shared_ptr<const Features> features = nullptr)
+  Transformer(const Context& context, const ModelConfig& config, std::shared_ptr<const Features> features = nullptr,
+              GradientMemory gradient_memory = GradientMemory::kept)
       : context_(context), config_(config), features_(features && features->size() > 1 ? std::move(features) : nullptr),
-        parts_(features_ ? features_->size() : 1), part_(features_ ? features_->rank() : 0) {
+        parts_(features_ ? features_->size() : 1), part_(features_ ? features_->rank() : 0),
+        gradient_memory_(gradient_memory) {
     validate(config);
     require(config.hidden() % parts_ == 0, "longattn::train::Transformer", "features", parts_,
             "a tensor-parallel group whose size divides the hidden size 4 x embed = " +
@@ -118,12 +129,11 @@ class Transformer {
     options.causal = true;
     options.gamma_init = std::sqrt(std::log(2.0 * config.layers));  // MAGNETO, decoder
     options.recompute_attention = config.recompute == Recompute::selective;
+    options.own_gradients = false;  // each block's attention's gradients are in its stretch
     std::mt19937_64 seeds(config.seed);
-    // Own parameters, one buffer each for values and gradients, carved in this order.
-    std::size_t own = V * E + N * E + 2 * E + V * E + V;
-    own += std::size_t(config.layers) * (4 * E + F * E + F + E * F + E);
-    values_ = context_.template allocate<Flat>(own);
-    gradients_ = context_.template allocate<GradientFlat>(own);
+    // Own parameters, one buffer of values carved in this order; gradients by stretches.
+    const std::size_t own_head = 2 * E + V * E + V, own_block = 4 * E + F * E + F + E * F + E;
+    values_ = context_.template allocate<Flat>(own_head + std::size_t(config.layers) * own_block + V * E + N * E);
     std::size_t offset = 0;
     auto take = [&](std::size_t count) {
       const std::size_t at = offset;
@@ -143,8 +153,15 @@ class Transformer {
       blocks_[l].attention = std::make_unique<Attention>(context_, config.embed, config.heads, options, features_);
     }
     initialize(seeds());
+    // Stretches in backward's order; every one holds memory while the groups are listed.
+    stretches_.push_back({head_.ln, own_head, nullptr, 0, 0, {}});
+    for (int l = config.layers - 1; l >= 0; --l)
+      stretches_.push_back({blocks_[l].ln1, own_block, blocks_[l].attention.get(), 0, 0, {}});
+    stretches_.push_back({embedding_.tokens, V * E + N * E, nullptr, 0, 0, {}});
+    for (std::size_t s = 0; s < stretches_.size(); ++s) acquire_gradients(s);
     list_groups();
-    zero_gradients();
+    if (gradient_memory_ == GradientMemory::per_block)
+      for (std::size_t s = 0; s < stretches_.size(); ++s) release_gradients(s);
   }
 
   // In the space's default instance and pool.
@@ -169,21 +186,24 @@ class Transformer {
     for (Block& b : blocks_) b.attention->set_attention_runner(runner);
   }
 
+  GradientMemory gradient_memory() const { return gradient_memory_; }
+  // Kept gradients: all to zero. Per-block gradients start at zero in every backward: nothing to do.
   void zero_gradients() {
-    Kokkos::deep_copy(context_.exec(), gradients_.view(), Accumulate(0));
-    for (Block& b : blocks_) b.attention->zero_gradients();
+    if (gradient_memory_ == GradientMemory::kept)
+      for (GradientStretch& stretch : stretches_) Kokkos::deep_copy(context_.exec(), stretch.memory.view(), Accumulate(0));
   }
 
   // This rank's loss contribution; keeps what backward() needs. backward()'s gradients are
   // those of loss_scale times the loss (fp16 training scales them above its underflow).
   double forward(const Batch& batch, double normalizer, double loss_scale = 1);
-  // Adds this batch's gradients into the groups' gradients; ready(i) as group i is final.
+  // Adds this batch's gradients into the groups' gradients; ready(i) as group i is final (its
+  // gradients at parameter_groups()[i].gradients; with per-block memory only during the call).
   void backward(const std::function<void(int)>& ready = {});
 
   // The first tensor holding a NaN or an infinity, in the order a step makes them: parameters
   // (embeddings to head), the activations the last forward pass kept (each block's input x, h1,
   // x2 = x + attention, h2, u, g; then the final norm's output and the logits), then gradients
-  // (head to embeddings). "" when all are finite. E.g. "layer1.x2 (x + attention(h1)) [3, 17] =
+  // (head to embeddings; kept gradients only). "" when all are finite. E.g. "layer1.x2 (x + attention(h1)) [3, 17] =
   // inf". Activations released by recomputation are not searched. Waits for the instance.
   std::string first_non_finite() const;
 
@@ -219,6 +239,18 @@ class Transformer {
   struct Embedding {
     std::size_t tokens, positions;
   };
+  // Gradient memory of consecutive groups: own parameters [own_begin, own_begin + own_count) of
+  // the flat layout, then (a block's) its attention's parameter_count().
+  struct GradientStretch {
+    std::size_t own_begin, own_count;
+    Attention* attention;
+    int first_group = 0, groups = 0;  // in groups_
+    memory::PooledView<GradientFlat> memory;
+  };
+  void acquire_gradients(std::size_t stretch);  // zeroed; the groups' pointers into it
+  void release_gradients(std::size_t stretch);  // per-block memory only
+  // Where an own parameter's gradient is: in the stretch holding its offset.
+  Accumulate* own_gradient(std::size_t offset) const;
 
   void initialize(std::uint64_t seed);
   void list_groups();
@@ -229,7 +261,7 @@ class Transformer {
   // full recomputation needs).
   void block_forward(Block& b, const Matrix* next);
 
-  // Pieces of the flat parameter (T) or gradient (Accumulate) buffers.
+  // Pieces of the flat parameter buffer (T) or of gradients (Accumulate).
   template <class View>
   static auto matrix(const memory::PooledView<View>& flat, std::size_t offset, std::size_t rows, std::size_t cols) {
     return MatrixOf<typename View::value_type>(flat.data() + offset, rows, cols);
@@ -237,6 +269,12 @@ class Transformer {
   template <class View>
   static auto vector(const memory::PooledView<View>& flat, std::size_t offset, std::size_t count) {
     return VectorOf<typename View::value_type>(flat.data() + offset, count);
+  }
+  MatrixOf<Accumulate> gradient_matrix(std::size_t offset, std::size_t rows, std::size_t cols) const {
+    return MatrixOf<Accumulate>(own_gradient(offset), rows, cols);
+  }
+  VectorOf<Accumulate> gradient_vector(std::size_t offset, std::size_t count) const {
+    return VectorOf<Accumulate>(own_gradient(offset), count);
   }
   static Matrix rows(const Rows& r) { return Matrix(r.data(), r.extent(0), r.extent(1)); }
   using Tokens3 = Kokkos::View<T***, Kokkos::LayoutRight, memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
@@ -259,8 +297,10 @@ class Transformer {
   ModelConfig config_;
   std::shared_ptr<const Features> features_;  // nullptr: the whole model on this rank
   int parts_, part_;
+  GradientMemory gradient_memory_;
   memory::PooledView<Flat> values_;
-  memory::PooledView<GradientFlat> gradients_;
+  std::vector<GradientStretch> stretches_;  // backward's order: head, blocks L-1 .. 0, embeddings
+  std::vector<std::size_t> group_offsets_;  // each group's gradients in its stretch's memory
   Head head_;
   Embedding embedding_;
   std::vector<Block> blocks_;

@@ -13,7 +13,8 @@
 //   gradients are summed by the bucketed hierarchical all-reduce over the dp x cp ranks that
 //   hold the same parameters (the same tensor rank); they then take the same AdamW step (with
 //   ZeRO 1: each updates its shard of the parameters, and an all-gather over them gives each
-//   all of them).
+//   all of them; with ZeRO 2 each micro-batch's gradients are reduce-scattered instead, during
+//   its backward, and each rank keeps only its shard of them).
 //
 // The loss is the mean over the global batch's weighted tokens whatever dp, cp and tp are, so a
 // run gives the same losses on any grid (up to rounding). The model, its gradients and the
@@ -81,7 +82,7 @@ struct TrainConfig {
   int cp = 1;                       // context-parallel ranks per sequence
   int tp = 1;                       // tensor-parallel ranks per layer (heads, MLP features split);
                                     // dp = ranks / (tp cp)
-  int zero = 0;                     // ZeRO stage: 0, or 1 (AdamW's state sharded over the dp x cp ranks, zero.hpp)
+  int zero = 0;                     // ZeRO stage: 0, 1 (AdamW's state sharded over the dp x cp ranks) or 2 (and the gradients), zero.hpp
   std::uint64_t data_seed = 1;      // the train and validation batches
   int eval_every = 20;              // steps between validation losses (0: only at the end)
   int eval_batches = 4;             // global batches per validation

@@ -1,11 +1,17 @@
-// ZeRO stage 1 (Rajbhandari et al., "ZeRO: Memory Optimizations Toward Training Trillion
-// Parameter Models", 2020): the optimizer's state sharded over the R ranks that hold the same
-// parameters (in longattn-train: the dp x cp ranks of one tensor-parallel rank).
+// ZeRO stages 1 and 2 (Rajbhandari et al., "ZeRO: Memory Optimizations Toward Training Trillion
+// Parameter Models", 2020): the optimizer's state (1), then the gradients too (2), sharded over
+// the R ranks that hold the same parameters (in longattn-train: the dp x cp ranks of one
+// tensor-parallel rank).
 //
 //   group g of C elements: pieces of S = ceil(C / R); rank r owns [r S, min(C, (r + 1) S))
-//   each step: gradients all-reduced as without ZeRO (every rank has them whole); rank r's AdamW
-//   updates its pieces only, keeping moments (and 16-bit master weights) for them: 1/R of the
-//   optimizer's memory; then all_gather_parameters() gives every rank the others' pieces.
+//   (parallel::shard_piece)
+//   stage 1, each step: gradients all-reduced as without ZeRO (every rank has them whole);
+//   rank r's AdamW updates its pieces only, keeping moments (and 16-bit master weights) for
+//   them: 1/R of the optimizer's memory; then all_gather_parameters() gives every rank the
+//   others' pieces.
+//   stage 2: as stage 1, but the gradients are reduce-scattered (parallel::GradientReduceScatter)
+//   into piece_gradients(), this rank's pieces of them, which AdamW reads: the model holds
+//   gradients only while backward makes them (GradientMemory::per_block), 1/R of them persist.
 //
 // A piece is a ParameterGroup pointing into the whole group, so AdamW runs on the pieces as on
 // groups; only its gradient norm needs the other ranks' squares (sum_squares_over_ranks). The
@@ -23,6 +29,7 @@
 
 #include "longattn/core/execution_context.hpp"
 #include "longattn/parallel/communicator.hpp"
+#include "longattn/parallel/gradient_reduce_scatter.hpp"
 #include "longattn/train/model.hpp"
 
 namespace longattn::train {
@@ -33,20 +40,34 @@ class ParameterShards {
   using memory_space = typename ExecSpace::memory_space;
   using Context = ExecutionContext<ExecSpace>;
 
-  // `ranks`: the ranks holding the same parameters. The groups stay the caller's (the model's).
-  ParameterShards(const Context& context, const parallel::Communicator& ranks, const std::vector<ParameterGroup<T>>& groups)
-      : context_(context), ranks_(ranks), groups_(groups) {
-    const std::size_t R = std::size_t(ranks_.size()), r = std::size_t(ranks_.rank());
-    std::size_t whole_offset = 0;
+  // `ranks`: the ranks holding the same parameters; `stage` 1 or 2. The groups stay the caller's
+  // (the model's).
+  ParameterShards(const Context& context, const parallel::Communicator& ranks, const std::vector<ParameterGroup<T>>& groups,
+                  int stage = 1)
+      : context_(context), ranks_(ranks), groups_(groups), stage_(stage) {
+    std::size_t whole_offset = 0, piece_offset = 0;
     for (const auto& g : groups_) {
-      const std::size_t S = (g.count + R - 1) / R;
-      const std::size_t begin = std::min(g.count, r * S), end = std::min(g.count, begin + S);
-      pieces_.push_back({g.name, g.values + begin, g.gradients + begin, end - begin, g.decay, g.split});
-      piece_size_.push_back(S);
-      piece_begin_.push_back(whole_offset + begin);
+      const parallel::ShardPiece mine = parallel::shard_piece(g.count, ranks_.size(), ranks_.rank());
+      pieces_.push_back({g.name, g.values + mine.begin, g.gradients ? g.gradients + mine.begin : nullptr, mine.count,
+                         g.decay, g.split});
+      piece_size_.push_back(mine.size);
+      piece_begin_.push_back(whole_offset + mine.begin);
       whole_offset += g.count;
+      piece_offset += mine.count;
+    }
+    if (stage_ == 2) {
+      piece_gradients_ = context_.template allocate<Kokkos::View<float*, memory_space>>(piece_offset);
+      float* at = piece_gradients_.data();
+      for (auto& p : pieces_) {
+        p.gradients = at;
+        at += p.count;
+      }
     }
   }
+
+  int stage() const { return stage_; }
+  // Stage 2: this rank's pieces of the gradients, in pieces()' order (piece_elements()); empty at stage 1.
+  Kokkos::View<float*, memory_space> piece_gradients() const { return piece_gradients_; }
 
   // This rank's pieces, in the groups' order (what its AdamW updates).
   const std::vector<ParameterGroup<T>>& pieces() const { return pieces_; }
@@ -116,6 +137,8 @@ class ParameterShards {
   parallel::Communicator ranks_;
   std::vector<ParameterGroup<T>> groups_, pieces_;
   std::vector<std::size_t> piece_size_, piece_begin_;  // S per group; where the piece starts in a whole vector
+  int stage_;
+  memory::PooledView<Kokkos::View<float*, memory_space>> piece_gradients_;
 };
 
 }  // namespace longattn::train

@@ -218,9 +218,14 @@ void Transformer<ExecSpace, T>::initialize(std::uint64_t seed) {
 template <class ExecSpace, class T>
 void Transformer<ExecSpace, T>::list_groups() {
   const std::size_t E = config_.embed, F = config_.hidden(), V = ModelConfig::vocab, N = config_.context;
+  std::size_t stretch = 0;  // the stretch whose groups are listed (every one holds memory now)
+  auto add = [&](const std::string& name, T* values, Accumulate* gradients, const FeatureSplit& split, bool decay) {
+    if (stretches_[stretch].groups++ == 0) stretches_[stretch].first_group = int(groups_.size());
+    group_offsets_.push_back(std::size_t(gradients - stretches_[stretch].memory.data()));
+    groups_.push_back({name, values, gradients, split.part_count(parts_), decay, split});
+  };
   auto own = [&](const std::string& name, std::size_t offset, const FeatureSplit& split, bool decay) {
-    groups_.push_back(
-        {name, values_.data() + offset, gradients_.data() + offset, split.part_count(parts_), decay, split});
+    add(name, values_.data() + offset, own_gradient(offset), split, decay);
   };
   using Split = FeatureSplit;
   own("head.norm", head_.ln, Split::whole(2 * E), false);
@@ -229,6 +234,7 @@ void Transformer<ExecSpace, T>::list_groups() {
   for (int l = config_.layers - 1; l >= 0; --l) {
     const Block& b = blocks_[l];
     const std::string layer = "layer" + std::to_string(l) + ".";
+    ++stretch;
     own(layer + "mlp.w2", b.w2, Split::by_columns(E, F), true);
     own(layer + "mlp.b2", b.b2, Split::whole(E), false);
     own(layer + "mlp.w1", b.w1, Split::by_rows(F, E), true);
@@ -239,8 +245,8 @@ void Transformer<ExecSpace, T>::list_groups() {
     const auto& w = b.attention->weights();
     const auto& g = b.attention->weight_gradients();
     const auto splits = b.attention->feature_splits();
-    auto module = [&](const std::string& name, auto* values, auto* gradients, const Split& split, bool decay) {
-      groups_.push_back({layer + name, values, gradients, split.part_count(parts_), decay, split});
+    auto module = [&](const std::string& name, T* values, Accumulate* gradients, const Split& split, bool decay) {
+      add(layer + name, values, gradients, split, decay);
     };
     module("attention.w_out", w.w_out.data(), g.w_out.data(), splits.w_out, true);
     module("attention.b_out", w.b_out.data(), g.b_out.data(), splits.b_out, false);
@@ -249,8 +255,39 @@ void Transformer<ExecSpace, T>::list_groups() {
     module("attention.b_qkv", w.b_qkv.data(), g.b_qkv.data(), splits.b_qkv, false);
     own(layer + "norm1", b.ln1, Split::whole(2 * E), false);
   }
+  ++stretch;
   own("embedding.tokens", embedding_.tokens, Split::whole(V * E), false);
   own("embedding.positions", embedding_.positions, Split::whole(N * E), false);
+}
+
+template <class ExecSpace, class T>
+void Transformer<ExecSpace, T>::acquire_gradients(std::size_t s) {
+  GradientStretch& stretch = stretches_[s];
+  if (stretch.memory.data() != nullptr) return;  // kept
+  const std::size_t module = stretch.attention ? stretch.attention->parameter_count() : 0;
+  stretch.memory = context_.template allocate<GradientFlat>(stretch.own_count + module);
+  Kokkos::deep_copy(context_.exec(), stretch.memory.view(), Accumulate(0));
+  if (stretch.attention)
+    stretch.attention->use_gradients(
+        typename Attention::GradientFlat(stretch.memory.data() + stretch.own_count, module));
+  for (int i = stretch.first_group; i < stretch.first_group + stretch.groups; ++i)
+    groups_[std::size_t(i)].gradients = stretch.memory.data() + group_offsets_[std::size_t(i)];
+}
+
+template <class ExecSpace, class T>
+void Transformer<ExecSpace, T>::release_gradients(std::size_t s) {
+  if (gradient_memory_ == GradientMemory::kept) return;
+  GradientStretch& stretch = stretches_[s];
+  stretch.memory = {};
+  for (int i = stretch.first_group; i < stretch.first_group + stretch.groups; ++i) groups_[std::size_t(i)].gradients = nullptr;
+}
+
+template <class ExecSpace, class T>
+typename Transformer<ExecSpace, T>::Accumulate* Transformer<ExecSpace, T>::own_gradient(std::size_t offset) const {
+  for (const GradientStretch& stretch : stretches_)
+    if (offset >= stretch.own_begin && offset < stretch.own_begin + stretch.own_count)
+      return stretch.memory.data() + (offset - stretch.own_begin);
+  return nullptr;  // not reached: the stretches cover the own parameters
 }
 
 template <class ExecSpace, class T>
@@ -276,7 +313,7 @@ std::string Transformer<ExecSpace, T>::first_non_finite() const {
   if (found.empty() && x_final_.data() != nullptr) found = search("final x (the last block's output)", x_final_.view());
   if (found.empty() && h_final_.data() != nullptr) found = search("final h (head.norm(x))", h_final_.view());
   if (found.empty() && logits_.data() != nullptr) found = search("logits", logits_.view());
-  for (auto g = groups_.begin(); found.empty() && g != groups_.end(); ++g)
+  for (auto g = groups_.begin(); found.empty() && g != groups_.end() && g->gradients; ++g)
     found = search("the gradient of " + g->name, VectorOf<const Accumulate>(g->gradients, g->count));
   return found;
 }
@@ -351,8 +388,8 @@ void Transformer<ExecSpace, T>::linear_backward(const Matrix& x, const Matrix& d
                                                 const Matrix& dx, Parallel parallel) const {
   const std::size_t in = x.extent(1), out = dy.extent(1);
   const ExecSpace& exec = context_.exec();
-  add_column_sums(exec, dy, ones_.view(), vector(gradients_, b, out));
-  gemm(context_, "T", "N", Accumulate(1), dy, x, Accumulate(1), matrix(gradients_, w, out, in));
+  add_column_sums(exec, dy, ones_.view(), gradient_vector(b, out));
+  gemm(context_, "T", "N", Accumulate(1), dy, x, Accumulate(1), gradient_matrix(w, out, in));
   gemm(context_, "N", "N", Accumulate(1), dy, matrix(values_, w, out, in), Accumulate(0), dx);
   if (parallel == Parallel::column && features_) features_->sum(exec, dx.data(), dx.size());
 }
@@ -370,7 +407,7 @@ void Transformer<ExecSpace, T>::norm_backward(const Matrix& dy, const Matrix& x,
                                               const LayerNormStats& stats, const Matrix& dx) const {
   const std::size_t E = config_.embed;
   layer_norm_backward(context_.exec(), dy, x, vector(values_, ln, E), stats.mean.view(), stats.rstd.view(), dx,
-                      vector(gradients_, ln, E), vector(gradients_, ln + E, E));
+                      gradient_vector(ln, E), gradient_vector(ln + E, E));
 }
 
 template <class ExecSpace, class T>
@@ -436,10 +473,13 @@ void Transformer<ExecSpace, T>::backward(const std::function<void(int)>& ready) 
       }
   };
   const std::size_t E = config_.embed, V = ModelConfig::vocab, N = config_.context;
+  std::size_t stretch = 0;  // whose gradients backward makes now (per-block memory: only this one held)
+  acquire_gradients(stretch);
   // forward() left dLoss/dlogits in logits_.
   linear_backward(rows(h_final_), rows(logits_), head_.w, head_.b, rows(d_h_), Parallel::whole);
   norm_backward(rows(d_h_), rows(x_final_), head_.ln, norm_final_, rows(d_x_));
   finish(3);
+  release_gradients(stretch);
   const bool full = config_.recompute == Recompute::full;
   for (std::size_t l = blocks_.size(); l-- > 0;) {
     Block& b = blocks_[l];
@@ -447,6 +487,7 @@ void Transformer<ExecSpace, T>::backward(const std::function<void(int)>& ready) 
       acquire_activations(b, std::size_t(batch_) * tokens_);
       block_forward(b, nullptr);
     }
+    acquire_gradients(++stretch);
     // d_x: the gradient of the block's output x2 + MLP(LN(x2)).
     linear_backward(rows(b.g), rows(d_x_), b.w2, b.b2, rows(d_hidden_), Parallel::row);
     detail::gelu_backward(exec, rows(b.u), rows(d_hidden_));
@@ -462,10 +503,13 @@ void Transformer<ExecSpace, T>::backward(const std::function<void(int)>& ready) 
       b.attention->release_activations();
     }
     finish(6);
+    release_gradients(stretch);
   }
+  acquire_gradients(++stretch);
   detail::embed_backward(exec, batch_data_.inputs, batch_data_.positions, rows(d_x_),
-                         matrix(gradients_, embedding_.tokens, V, E), matrix(gradients_, embedding_.positions, N, E));
+                         gradient_matrix(embedding_.tokens, V, E), gradient_matrix(embedding_.positions, N, E));
   finish(2);
+  release_gradients(stretch);
   exec.fence();
 }
 
