@@ -43,6 +43,8 @@ LAYOUTS = [
     (4, ["--tp", "2", "--zero", "1"]),
     (4, ["--zero", "2", "--micro-batch", "2"]),
     (4, ["--tp", "2", "--zero", "2"]),
+    (2, ["--tp", "2", "--sequence-parallel"]),
+    (4, ["--tp", "2", "--cp", "2", "--sequence-parallel"]),
     (4, ["--tp", "2", "--cp", "2", "--zero", "1"]),
 ]
 

@@ -96,7 +96,7 @@ int main(int argc, char** argv) {
   app.add_option("--micro-batch", plan.layout.micro_batch, "sequences per micro-batch")->group("Layout");
   app.add_option("--sequence-parallel", plan.layout.sequence_parallel,
                  "with tp > 1, norms and residuals split over the sequence too (Megatron-LM; false: whole on each "
-                 "tensor rank, as longattn-train)")->group("Layout");
+                 "tensor rank, as longattn-train without --sequence-parallel)")->group("Layout");
   app.add_option("--vocab-parallel", plan.layout.vocab_parallel,
                  "with tp > 1, embeddings and output layer split over the vocabulary (false: whole on each tensor "
                  "rank, as longattn-train)")->group("Layout");

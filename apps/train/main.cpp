@@ -83,6 +83,10 @@ int main(int argc, char** argv) {
                  "tensor-parallel ranks per layer (Megatron: heads and MLP features split, neighbouring ranks; "
                  "dense or block-sparse attention); dp = ranks / (tp x cp)")
       ->group("Parallel");
+  app.add_flag("--sequence-parallel", c.sequence_parallel,
+               "with --tp > 1: embeddings, norms, residuals and the head on 1/tp of each sequence's tokens "
+               "(Megatron-LM's sequence parallelism: all-gather into and reduce-scatter out of each sublayer)")
+      ->group("Parallel");
   app.add_option("--cp", c.cp, "context-parallel ranks per sequence (ring attention); dp = ranks / (tp x cp)")
       ->group("Parallel");
   app.add_option("--zero", c.zero,

@@ -444,12 +444,14 @@ static std::vector<float> payload_floats(const std::string& path) {
 // sublayer's output and input gradient all-reduced, the sub-LayerNorm's statistics summed) train
 // the model one rank trains - the same losses and clipped gradient norms, and after the run the
 // same parameters and AdamW moments, put back together whole in the checkpoint. Dense and
-// block-sparse attention.
+// block-sparse attention; with and without sequence parallelism (each tensor rank holding half
+// of each sequence's tokens between the sublayers: then less memory at its peak).
 TEST_CASE("tensor parallel: tp 2 trains the model of one rank", "[train][tp]") {
   if (!two_ranks()) return;
   const auto world = test::throwing_world();
   const auto spec = GENERATE(as<std::string>{}, "dense", "block_sparse:pattern=local_window;radius=64");
-  INFO("attention " << spec);
+  const bool sequence_parallel = GENERATE(false, true);
+  INFO("attention " << spec << ", sequence parallel " << sequence_parallel);
   TrainConfig c = tiny_config();
   c.model.attention = longattn::parse_attention_spec(spec);
   c.model.context = 128;
@@ -460,7 +462,17 @@ TEST_CASE("tensor parallel: tp 2 trains the model of one rank", "[train][tp]") {
   const TrainResult one = run_training(one_config, self(), nullptr);
   c.tp = 2;
   c.checkpoint = shared_path("tp2.ckpt");
+  c.sequence_parallel = sequence_parallel;
   const TrainResult two = run_training(c, world, nullptr);
+  if (sequence_parallel) {
+    TrainConfig whole_tokens = c;
+    whole_tokens.sequence_parallel = false;
+    whole_tokens.checkpoint.clear();
+    const TrainResult without = run_training(whole_tokens, world, nullptr);
+    INFO("pool high-water: " << two.steps.back().memory_bytes << " bytes with sequence parallelism, "
+                             << without.steps.back().memory_bytes << " without");
+    CHECK(two.steps.back().memory_bytes < without.steps.back().memory_bytes);
+  }
   CHECK(two.tp == 2);
   CHECK(two.dp == 1);
   CHECK(two.parameters == one.parameters);
@@ -493,12 +505,14 @@ TEST_CASE("tensor parallel: tp 2 trains the model of one rank", "[train][tp]") {
 }
 
 // tp 2 with 16-bit training (the partial sums all-reduced in 16 bits), recomputation (the tp
-// all-reduces run again in backward) and micro-batches against the same on one rank.
+// all-reduces run again in backward) and micro-batches against the same on one rank; with and
+// without sequence parallelism.
 TEST_CASE("tensor parallel composes with 16-bit precision, recomputation and micro-batches", "[train][tp]") {
   if (!two_ranks()) return;
+  for (const bool sequence_parallel : {false, true})
   for (const Precision precision : {Precision::bf16, Precision::fp16})
     for (const Recompute recompute : {Recompute::selective, Recompute::full}) {
-      INFO(to_string(precision) << ", recompute " << to_string(recompute));
+      INFO(to_string(precision) << ", recompute " << to_string(recompute) << ", sequence parallel " << sequence_parallel);
       TrainConfig c = tiny_config();
       c.steps = 3;
       c.precision = precision;
@@ -506,13 +520,16 @@ TEST_CASE("tensor parallel composes with 16-bit precision, recomputation and mic
       c.micro_batch = 2;
       const std::vector<double> one = losses(run_training(c, self(), nullptr));
       c.tp = 2;
+      c.sequence_parallel = sequence_parallel;
       check_same_losses(losses(run_training(c, test::throwing_world(), nullptr)), one, 1e-4);
     }
 }
 
 // At 4 ranks: tp 2 x cp 2 (ring attention over the heads of each tensor rank) against one rank,
-// and ZeRO 1 and 2 under tp 2 x dp 2 (AdamW's state, and the gradients, sharded over the 2 ranks of each tensor rank)
-// against none.
+// and ZeRO 1 and 2 under tp 2 x dp 2 (AdamW's state, and the gradients, sharded over the 2 ranks
+// of each tensor rank) against none; both also with sequence parallelism (the tensor ranks
+// splitting each context rank's tokens; under ZeRO 2 the pieces of the norms', head's and
+// embeddings' gradients summed over the tensor ranks).
 TEST_CASE("tensor parallel with context parallelism and ZeRO 1 and 2: the losses of one rank and of no ZeRO",
           "[train][tp]") {
   const auto world = test::throwing_world();
@@ -532,12 +549,16 @@ TEST_CASE("tensor parallel with context parallelism and ZeRO 1 and 2: the losses
   CHECK(ring.tp == 2);
   CHECK(ring.cp == 2);
   check_same_losses(losses(ring), losses(one), 1e-5);
+  c.sequence_parallel = true;
+  check_same_losses(losses(run_training(c, world, nullptr)), losses(one), 1e-5);
+  c.sequence_parallel = false;
   c.cp = 1;  // dp 2
   const TrainResult none = run_training(c, world, nullptr);
   check_same_losses(losses(none), losses(one), 1e-5);
-  for (const int stage : {1, 2}) {
-    INFO("ZeRO " << stage);
+  for (const auto& [stage, sequence_parallel] : {std::pair{1, false}, std::pair{2, false}, std::pair{2, true}}) {
+    INFO("ZeRO " << stage << ", sequence parallel " << sequence_parallel);
     c.zero = stage;
+    c.sequence_parallel = sequence_parallel;
     const TrainResult zero = run_training(c, world, nullptr);
     check_same_losses(losses(zero), losses(none), 1e-5);
     for (std::size_t i = 0; i < zero.steps.size(); ++i) {
@@ -1155,6 +1176,9 @@ TEST_CASE("bad options are refused naming them", "[train][errors]") {
   bad.zero = 3;
   fails(bad, "argument 'zero' is 3, expected 0, 1 or 2 (ZeRO 1: AdamW's state sharded over the ranks; 2: the "
              "gradients too; stage 3 is not built)");
+  bad = c;
+  bad.sequence_parallel = true;
+  fails(bad, "argument 'sequence-parallel' is true, expected --tp > 1");
   if (world.size() == 2) {
     bad = c;
     bad.batch = 3;
@@ -1172,5 +1196,10 @@ TEST_CASE("bad options are refused naming them", "[train][errors]") {
     bad.tp = 2;
     bad.model.attention = longattn::parse_attention_spec("dilated:w=16;r=2");
     fails(bad, "argument 'tp' is 2, expected 1 with dilated");
+    bad = c;
+    bad.tp = 2;
+    bad.sequence_parallel = true;
+    bad.model.context = 65;
+    fails(bad, "argument 'sequence-parallel' is true, expected tokens per rank context / cp = 65 divisible by tp = 2");
   }
 }

@@ -2,8 +2,9 @@
 // heads, column-parallel W_qkv, row-parallel W_out, the sub-LayerNorm's statistics summed over the
 // ranks) computes what the whole layer computes on one rank - its output, the input's gradient
 // and its part of every parameter gradient - in double, causal and not, with odd sizes (head dim
-// 5, 37 tokens); FeatureSplit's parts put back together give the whole tensor. Needs 2 or more
-// ranks dividing 12 heads (2, 3, 4; SKIP otherwise).
+// 5, 37 tokens); with sequence parallelism each rank given its tokens computes its tokens of
+// the output and the input's gradient (36 tokens); FeatureSplit's parts put back together give
+// the whole tensor. Needs 2 or more ranks dividing 12 heads (2, 3, 4; SKIP otherwise).
 #include <catch2/catch.hpp>
 
 #include <random>
@@ -62,13 +63,14 @@ TEMPLATE_LIST_TEST_CASE("a MultiheadAttention split over the ranks computes the 
   using T = double;
   using Module = longattn::MultiheadAttention<Exec, T>;
   const auto world = longattn::test::throwing_world();
-  const int P = world.size(), H = 12, D = 5, E = H * D, B = 2, N = 37;
+  const int P = world.size(), H = 12, D = 5, E = H * D, B = 2;
   if (P == 1 || H % P != 0) {
     WARN("SKIP: needs 2, 3 or 4 MPI ranks (a divisor of 12 heads), the world has " << P);
     return;
   }
-  const bool causal = GENERATE(false, true);
-  INFO("causal " << causal << ", " << P << " ranks");
+  const bool causal = GENERATE(false, true), sequence_parallel = GENERATE(false, true);
+  const int N = sequence_parallel ? 36 : 37, S = sequence_parallel ? N / P : N;  // S: this rank's tokens
+  INFO("causal " << causal << ", sequence parallel " << sequence_parallel << ", " << P << " ranks");
   longattn::MultiheadAttentionOptions options;
   options.causal = causal;
   options.gamma_init = 1.3;
@@ -76,7 +78,9 @@ TEMPLATE_LIST_TEST_CASE("a MultiheadAttention split over the ranks computes the 
   const longattn::ExecutionContext<Exec> context;
   Module whole(context, E, H, options);
   const auto features = std::make_shared<longattn::parallel::TensorParallelGroup<Exec>>(world);
+  options.sequence_parallel = sequence_parallel;
   Module part(context, E, H, options, features);
+  REQUIRE(part.sequence_parallel() == sequence_parallel);
   REQUIRE(part.local_heads() == H / P);
   REQUIRE(part.parameter_count() < whole.parameter_count());
 
@@ -90,14 +94,21 @@ TEMPLATE_LIST_TEST_CASE("a MultiheadAttention split over the ranks computes the 
     return t;
   };
   const auto x = random_tokens(), dy = random_tokens();
-  typename Module::Tokens y_whole("y", B, N, E), y_part("y", B, N, E), dx_whole("dx", B, N, E), dx_part("dx", B, N, E);
+  // This rank's tokens [first, first + S) of each sequence (all of them without the split).
+  const int first = sequence_parallel ? world.rank() * S : 0;
+  auto mine = [&](const typename Module::Tokens& all) {
+    typename Module::Tokens part_tokens("mine", B, S, E);
+    Kokkos::deep_copy(part_tokens, Kokkos::subview(all, Kokkos::ALL, std::make_pair(first, first + S), Kokkos::ALL));
+    return part_tokens;
+  };
+  typename Module::Tokens y_whole("y", B, N, E), y_part("y", B, S, E), dx_whole("dx", B, N, E), dx_part("dx", B, S, E);
   whole.forward(x, y_whole);
   whole.backward(dy, dx_whole);
-  part.forward(x, y_part);
-  part.backward(dy, dx_part);
+  part.forward(mine(x), y_part);
+  part.backward(mine(dy), dx_part);
   context.exec().fence();
-  CHECK(max_error(host_values(y_part), host_values(y_whole)) < 1e-12);
-  CHECK(max_error(host_values(dx_part), host_values(dx_whole)) < 1e-12);
+  CHECK(max_error(host_values(y_part), host_values(mine(y_whole))) < 1e-12);
+  CHECK(max_error(host_values(dx_part), host_values(mine(dx_whole))) < 1e-12);
 
   // This rank's part of each whole tensor: the weights (as initialized) and the gradients.
   const auto splits = part.feature_splits();

@@ -33,8 +33,9 @@ plan::Estimate planner_estimate(const TrainConfig& c, int ranks, double peak_flo
   }
   p.efficiency = c.efficiency;
   p.layout.tensor = c.tp;
-  // The trainer's tp splits the blocks' matrices only (model.hpp).
-  p.layout.sequence_parallel = false;
+  // The trainer's tp splits the blocks' matrices, and with --sequence-parallel the tokens
+  // between them; the embeddings and head are whole (model.hpp).
+  p.layout.sequence_parallel = c.sequence_parallel;
   p.layout.vocab_parallel = false;
   p.layout.context = c.cp;
   p.layout.data = ranks / (c.tp * c.cp);

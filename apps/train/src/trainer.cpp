@@ -154,6 +154,11 @@ void validate(const TrainConfig& c, int world_size) {
               "attention's offsets, and auto's choice of it, follow the head index over all heads)");
   require(c.cp >= 1 && (world_size / c.tp) % c.cp == 0, program, "cp", c.cp,
           "a divisor of ranks / tp = " + std::to_string(world_size / c.tp));
+  require(!c.sequence_parallel || c.tp > 1, program, "sequence-parallel", "true",
+          "--tp > 1 (it splits each tensor-parallel group's tokens)");
+  require(!c.sequence_parallel || (c.model.context / c.cp) % c.tp == 0, program, "sequence-parallel", "true",
+          "tokens per rank context / cp = " + std::to_string(c.model.context / c.cp) + " divisible by tp = " +
+              std::to_string(c.tp));
   const int dp = world_size / (c.tp * c.cp);
   require(c.batch >= 1 && c.batch % dp == 0, program, "batch", c.batch,
           "a positive multiple of dp = ranks / (tp x cp) = " + std::to_string(dp) + " (sequences per step)");
@@ -205,6 +210,7 @@ nlohmann::json TrainResult::to_json(const TrainConfig& c) const {
   j["config"]["grad_reduce"] = to_string(c.grad_reduce);
   j["config"]["zero"] = c.zero;
   j["config"]["tp"] = c.tp;
+  j["config"]["sequence_parallel"] = c.sequence_parallel;
   j["grid"] = {{"dp", dp}, {"cp", cp}, {"tp", tp}};
   j["micro_batches"] = micro_batches;
   j["parameters"] = parameters;
@@ -288,7 +294,8 @@ TrainResult train(const TrainConfig& config, const parallel::Communicator& world
   world.checked(program, [&] { data.emplace(config.data, N); });
   // ZeRO 1 and 2 shard over the ranks holding the same parameters (with one: nothing to shard).
   const int zero = same_part.size() > 1 ? config.zero : 0;
-  Model model(context, config.model, features, zero == 2 ? GradientMemory::per_block : GradientMemory::kept);
+  Model model(context, config.model, features, zero == 2 ? GradientMemory::per_block : GradientMemory::kept,
+              config.sequence_parallel);
   std::shared_ptr<parallel::ContextParallelAttention<Exec, T>> ring;
   std::vector<parallel::Segment> segments{{0, 0, N}};
   if (cp > 1) {
@@ -548,7 +555,8 @@ TrainResult train(const TrainConfig& config, const parallel::Communicator& world
                                             : ", " + std::to_string(config.data.pairs) + " pairs, " +
                                                   std::to_string(config.data.queries) + " queries")
          << "\n"
-         << "grid      " << world.size() << " ranks = dp " << dp << " x cp " << cp << " x tp " << tp << "; "
+         << "grid      " << world.size() << " ranks = dp " << dp << " x cp " << cp << " x tp " << tp
+         << (config.sequence_parallel ? " (sequence parallel)" : "") << "; "
          << config.batch
          << " sequences per step (" << config.batch * N << " tokens), " << micro_batches << " micro-batch"
          << (micro_batches > 1 ? "es" : "") << " of " << micro_batch << " per rank\n"
@@ -585,11 +593,24 @@ TrainResult train(const TrainConfig& config, const parallel::Communicator& world
   }
 
   // A sum over the batch's tokens: over the ranks of one tensor rank (its tensor-parallel peers
-  // computed the same values).
+  // computed the same values), or under sequence parallelism over all (each has its tokens).
+  const parallel::Communicator& token_ranks = config.sequence_parallel ? world : same_part;
   auto global_sum = [&](double mine) {
     double total = 0;
-    same_part.all_reduce(&mine, &total, 1, parallel::DataType::float64, parallel::ReduceOp::sum);
+    token_ranks.all_reduce(&mine, &total, 1, parallel::DataType::float64, parallel::ReduceOp::sum);
     return total;
+  };
+  // Sequence parallelism: the gradients of the tensors outside the sublayers (norms, head,
+  // embeddings) come from each tensor rank's tokens; their sum over the tensor-parallel group,
+  // once per step after the reduction over the data ranks (both are sums): the groups', or under
+  // ZeRO 2 the pieces' (the same piece of a whole tensor on every tensor rank).
+  auto sum_sequence_partials = [&] {
+    for (std::size_t i = 0; i < groups.size(); ++i) {
+      if (!groups[i].sequence_partial) continue;
+      const ParameterGroup<T>& g = scatter ? shards->pieces()[i] : groups[i];
+      if (g.count > 0)
+        features->communicator().all_reduce(context.exec(), Floats(g.gradients, g.count), parallel::ReduceOp::sum);
+    }
   };
   auto evaluate = [&] {
     std::mt19937_64 rng(config.data_seed ^ 0x9e3779b97f4a7c15ull);  // the same batches every time
@@ -638,6 +659,11 @@ TrainResult train(const TrainConfig& config, const parallel::Communicator& world
         const Clock::time_point wait = Clock::now();
         buckets->wait();
         communication += seconds_since(wait);
+      }
+      if (model.sequence_parallel()) {
+        const Clock::time_point sum = Clock::now();
+        sum_sequence_partials();
+        communication += seconds_since(sum);
       }
     } catch (const Error& error) {
       stop_in_step(step, rng_at_step, error.what());

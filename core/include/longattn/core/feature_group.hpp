@@ -1,7 +1,9 @@
 // Tensor parallelism's two pieces in core (Megatron-LM: Shoeybi et al., 2019):
 //
 //   FeatureGroup  the P ranks a layer's features are split over. Rank p holds part p of every
-//                 split weight; sum() adds partial results over the group (an all-reduce). core
+//                 split weight; sum() adds partial results over the group (an all-reduce);
+//                 under sequence parallelism gather() puts the ranks' token shards together (an
+//                 all-gather) and reduce_scatter() sums partial results into them. core
 //                 only declares it; longattn::parallel implements it over a Communicator, and a
 //                 module given none (nullptr) holds its whole layer.
 //   FeatureSplit  how one tensor is split: `blocks` matrices of [rows, cols] one after another
@@ -31,6 +33,16 @@ class FeatureGroup {
   virtual void sum(const ExecSpace& exec, double* data, std::size_t count) const = 0;
   virtual void sum(const ExecSpace& exec, bfloat16* data, std::size_t count) const = 0;
   virtual void sum(const ExecSpace& exec, float16* data, std::size_t count) const = 0;
+  // whole[p count, (p + 1) count) = rank p's part[0, count), for every rank p (an all-gather).
+  virtual void gather(const ExecSpace& exec, const float* part, float* whole, std::size_t count) const = 0;
+  virtual void gather(const ExecSpace& exec, const double* part, double* whole, std::size_t count) const = 0;
+  virtual void gather(const ExecSpace& exec, const bfloat16* part, bfloat16* whole, std::size_t count) const = 0;
+  virtual void gather(const ExecSpace& exec, const float16* part, float16* whole, std::size_t count) const = 0;
+  // part[0, count) = the sum over the ranks of their whole[p count, (p + 1) count), p this rank.
+  virtual void reduce_scatter(const ExecSpace& exec, const float* whole, float* part, std::size_t count) const = 0;
+  virtual void reduce_scatter(const ExecSpace& exec, const double* whole, double* part, std::size_t count) const = 0;
+  virtual void reduce_scatter(const ExecSpace& exec, const bfloat16* whole, bfloat16* part, std::size_t count) const = 0;
+  virtual void reduce_scatter(const ExecSpace& exec, const float16* whole, float16* part, std::size_t count) const = 0;
 };
 
 struct FeatureSplit {

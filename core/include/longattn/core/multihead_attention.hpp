@@ -36,6 +36,13 @@
 // of [B N, E] and three of row statistics per pass. x and y, dy and dx are whole [B, N, E] on
 // every rank. The weights are the whole layer's, seeded alike, cut to the rank's part
 // (feature_splits() says how), so P ranks compute what one does.
+//
+// Sequence parallelism (Korthikanti et al., 2022; options.sequence_parallel, with a group): x
+// and y, dy and dx hold this rank's tokens of each sequence, [B, n / P, E], rank p tokens
+// [p n / P, (p + 1) n / P) of the n. Forward all-gathers x into the whole [B, n, E] (into pool
+// memory, given back after) and reduce-scatters the output projection's partial products into
+// y instead of all-reducing them; backward all-gathers dy and x again and reduce-scatters dx.
+// The same bytes move as without it; what the caller keeps between layers is 1/P of the tokens.
 #pragma once
 
 #include <Kokkos_Core.hpp>
@@ -56,6 +63,7 @@
 #include "longattn/core/gemm.hpp"
 #include "longattn/core/layer_norm.hpp"
 #include "longattn/core/execution_context.hpp"
+#include "longattn/core/sequence_parallel.hpp"
 #include "longattn/error.hpp"
 
 namespace longattn {
@@ -69,6 +77,7 @@ struct MultiheadAttentionOptions {
   std::uint64_t seed = 0;           // weight initialization
   bool recompute_attention = false; // keep Q, K, V only; backward() recomputes A, LSE and Z
   bool own_gradients = true;        // false: no gradient buffer; the caller lends one (use_gradients)
+  bool sequence_parallel = false;   // with a group: x, y, dy, dx hold this rank's tokens (above)
 };
 
 // out[r][e] = bias[e] for every row of a [rows, E] matrix (the bias of a linear layer, before its
@@ -246,15 +255,20 @@ class MultiheadAttention {
     tokens_ = 0;
   }
 
+  // Whether x, y, dy and dx hold this rank's tokens only (options.sequence_parallel with a group).
+  bool sequence_parallel() const { return features_ && options_.sequence_parallel; }
+
   void forward(const ConstTokens& x, const Tokens& y) {
     const char* where = "longattn::MultiheadAttention::forward";
     check_tokens(where, "x", x, x.extent(0), x.extent(1));
     check_tokens(where, "y", y, x.extent(0), x.extent(1));
     check_no_alias(where, "y", y, "x", x);
     const ExecSpace& exec = context_.exec();
-    reserve(exec, int(x.extent(0)), std::int64_t(x.extent(1)));
+    const int shards = sequence_parallel() ? parts_ : 1;
+    reserve(exec, int(x.extent(0)), std::int64_t(x.extent(1)) * shards);
     x_ = x;
-    const auto x_rows = rows_of(x);
+    const auto x_gathered = gather_tokens(x);
+    const auto x_rows = rows_of(sequence_parallel() ? ConstTokens(x_gathered.view()) : x);
     // Q, K, V = x W_i^T + b_i: the bias broadcast into the output, then gemm with beta = 1.
     for (int i = 0; i < 3; ++i) {
       broadcast_rows(exec, slice(weights_.b_qkv, i), matrix(qkv_, i));
@@ -262,12 +276,15 @@ class MultiheadAttention {
     }
     attend(exec);
     // y = Z W_out^T + b_out: each rank's partial product over its features, summed; b_out once.
+    const auto y_whole = whole_tokens();
+    const Tokens y_sum = sequence_parallel() ? y_whole.view() : y;
     if (part_ == 0)
-      broadcast_rows(exec, weights_.b_out, rows_of(y));
+      broadcast_rows(exec, weights_.b_out, rows_of(y_sum));
     else
-      Kokkos::deep_copy(exec, y, T(0.0));
-    gemm(context_, "N", "T", one, projection_input(), weights_.w_out, one, rows_of(y));
-    if (features_) features_->sum(exec, y.data(), y.size());
+      Kokkos::deep_copy(exec, y_sum, T(0.0));
+    gemm(context_, "N", "T", one, projection_input(), weights_.w_out, one, rows_of(y_sum));
+    if (sequence_parallel()) scatter_tokens(y_sum, y);
+    else if (features_) features_->sum(exec, y.data(), y.size());
     if (options_.recompute_attention) release_outputs();
   }
 
@@ -282,13 +299,17 @@ class MultiheadAttention {
             "use_gradients() before backward() (options.own_gradients is false)");
     const ExecSpace& exec = context_.exec();
     if (attention_out_.size() == 0) attend(exec);  // recompute_attention: A, LSE and Z again
-    const std::size_t rows = x_.extent(0) * x_.extent(1), F = local_features();
+    const std::size_t rows = std::size_t(batch_) * std::size_t(tokens_), F = local_features();  // all of them
     const auto d_projection = context_.template allocate<Activations>(rows, F);
     const auto d_attention = options_.sub_layer_norm ? context_.template allocate<Activations>(rows, F)
                                                      : memory::PooledView<Activations>();
     const auto d_qkv = context_.template allocate<Projections>(3, rows, F);
-    const auto dy_rows = rows_of(dy);
-    const auto x_rows = rows_of(x_);
+    // Under sequence parallelism dy and x gathered whole, dx summed into a whole buffer first.
+    const auto dy_gathered = gather_tokens(dy), x_gathered = gather_tokens(x_);
+    const auto dx_whole = whole_tokens();
+    const auto dy_rows = rows_of(sequence_parallel() ? ConstTokens(dy_gathered.view()) : dy);
+    const auto x_rows = rows_of(sequence_parallel() ? ConstTokens(x_gathered.view()) : x_);
+    const Tokens dx_sum = sequence_parallel() ? dx_whole.view() : dx;
     const GradientTensors& grad = weight_gradients_;
     // Output projection: db_out += colsum(dy), dW_out += dy^T Z, dZ = dy W_out.
     add_column_sums(exec, dy_rows, ones_.view(), grad.b_out);
@@ -307,9 +328,12 @@ class MultiheadAttention {
     for (int i = 0; i < 3; ++i) {
       add_column_sums(exec, matrix(d_qkv, i), ones_.view(), slice(grad.b_qkv, i));
       gemm(context_, "T", "N", one, matrix(d_qkv, i), x_rows, one, rows_block(grad.w_qkv, i));
-      gemm(context_, "N", "N", one, matrix(d_qkv, i), rows_block(weights_.w_qkv, i), i == 0 ? zero : one, rows_of(dx));
+      gemm(context_, "N", "N", one, matrix(d_qkv, i), rows_block(weights_.w_qkv, i), i == 0 ? zero : one,
+           rows_of(dx_sum));
     }
-    if (features_) features_->sum(exec, dx.data(), dx.size());  // each rank's features' share of dx
+    // Each rank's features' share of dx, summed.
+    if (sequence_parallel()) scatter_tokens(dx_sum, dx);
+    else if (features_) features_->sum(exec, dx.data(), dx.size());
     if (options_.recompute_attention) release_outputs();
   }  // the workspace goes back to the pool, reused in stream order by later work on the instance
 
@@ -440,6 +464,21 @@ class MultiheadAttention {
     return Rows(tokens.data(), tokens.extent(0) * tokens.extent(1), tokens.extent(2));
   }
   static Matrix matrix(const Activations& a) { return Matrix(a.data(), a.extent(0), a.extent(1)); }
+
+  // Sequence parallelism (sequence_parallel.hpp): a whole [B, n, E] from the pool for the
+  // forward pass's B and n, or none without it; the ranks' shards gathered into one.
+  memory::PooledView<Tokens> whole_tokens() const {
+    if (!sequence_parallel()) return {};
+    return context_.template allocate<Tokens>(std::size_t(batch_), std::size_t(tokens_), std::size_t(embed_dim_));
+  }
+  memory::PooledView<Tokens> gather_tokens(const ConstTokens& shard) const {
+    auto whole = whole_tokens();
+    if (sequence_parallel()) gather_sequence(context_, *features_, shard, whole.view());
+    return whole;
+  }
+  void scatter_tokens(const Tokens& whole, const Tokens& shard) const {
+    reduce_scatter_sequence(context_, *features_, whole, shard);
+  }
   static Matrix matrix(const Projections& p, int i) {
     return Matrix(p.data() + i * p.extent(1) * p.extent(2), p.extent(1), p.extent(2));
   }

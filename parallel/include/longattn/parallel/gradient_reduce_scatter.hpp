@@ -53,6 +53,33 @@ inline ShardPiece shard_piece(std::size_t count, int ranks, int rank) {
   return {S, begin, std::min(count, begin + S) - begin};
 }
 
+namespace detail {
+
+// blocks[r block + offset + j] = V(data[r S + j]) for rank r's piece of a gradient of `count`
+// elements (zero past its end), every rank r.
+template <class ExecSpace, class V>
+void pack_blocks(const ExecSpace& exec, const float* data, std::size_t count, std::size_t S, std::size_t ranks,
+                 V* blocks, std::size_t block, std::size_t offset) {
+  Kokkos::parallel_for(
+      "longattn::parallel::GradientReduceScatter::pack",
+      Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(exec, 0, std::int64_t(S * ranks)),
+      KOKKOS_LAMBDA(std::int64_t i) {
+        const std::size_t r = std::size_t(i) / S, j = std::size_t(i) % S, k = r * S + j;
+        blocks[r * block + offset + j] = k < count ? V(data[k]) : V(0.0f);
+      });
+}
+
+// piece[j] += float(sums[j]), j < count.
+template <class ExecSpace, class V>
+void add_widened(const ExecSpace& exec, const V* sums, float* piece, std::size_t count) {
+  Kokkos::parallel_for(
+      "longattn::parallel::GradientReduceScatter::add",
+      Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(exec, 0, std::int64_t(count)),
+      KOKKOS_LAMBDA(std::int64_t j) { piece[j] += float(sums[j]); });
+}
+
+}  // namespace detail
+
 struct GradientReduceScatterOptions {
   std::size_t bucket_bytes = std::size_t(25) << 20;  // as GradientBuckets (counted in float)
   ReduceOp op = ReduceOp::sum;
@@ -192,21 +219,19 @@ class GradientReduceScatter {
     ready_.assign(gradients_.size(), false);
   }
 
-  // Gradient g into its blocks: element r S + j to block r, position offset + j (zero past the end).
+  // Gradient g into its bucket's blocks (detail::pack_blocks), in the reduce type.
   void pack(const Gradient& g, const float* data, const Bucket& bucket) const {
-    with_reduce_type([&](auto* out) {
-      using V = std::remove_pointer_t<decltype(out)>;
-      V* blocks = out;
-      const std::size_t S = g.mine.size, count = g.count, block = bucket.block, offset = g.offset;
-      Kokkos::parallel_for(
-          "longattn::parallel::GradientReduceScatter::pack",
-          Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(context_.exec(), 0,
-                                                                          std::int64_t(S * std::size_t(comm_.size()))),
-          KOKKOS_LAMBDA(std::int64_t i) {
-            const std::size_t r = std::size_t(i) / S, j = std::size_t(i) % S, k = r * S + j;
-            blocks[r * block + offset + j] = k < count ? V(data[k]) : V(0.0f);
-          });
-    }, bucket.send.data());
+    const std::size_t ranks = std::size_t(comm_.size());
+    unsigned char* out = bucket.send.data();
+    if (options_.reduce_type == DataType::bfloat16)
+      detail::pack_blocks(context_.exec(), data, g.count, g.mine.size, ranks, reinterpret_cast<bfloat16*>(out),
+                          bucket.block, g.offset);
+    else if (options_.reduce_type == DataType::float16)
+      detail::pack_blocks(context_.exec(), data, g.count, g.mine.size, ranks, reinterpret_cast<float16*>(out),
+                          bucket.block, g.offset);
+    else
+      detail::pack_blocks(context_.exec(), data, g.count, g.mine.size, ranks, reinterpret_cast<float*>(out),
+                          bucket.block, g.offset);
   }
 
   void start(Bucket& bucket) {
@@ -225,25 +250,16 @@ class GradientReduceScatter {
     for (const int m : bucket.members) {
       const Gradient& g = gradients_[std::size_t(m)];
       if (g.mine.count == 0) continue;
-      with_reduce_type([&](auto* in) {
-        const auto* sums = in + g.offset;
-        float* piece = g.piece;
-        Kokkos::parallel_for(
-            "longattn::parallel::GradientReduceScatter::add",
-            Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(context_.exec(), 0, std::int64_t(g.mine.count)),
-            KOKKOS_LAMBDA(std::int64_t j) { piece[j] += float(sums[j]); });
-      }, bucket.received.data());
+      unsigned char* in = bucket.received.data();
+      if (options_.reduce_type == DataType::bfloat16)
+        detail::add_widened(context_.exec(), reinterpret_cast<const bfloat16*>(in) + g.offset, g.piece, g.mine.count);
+      else if (options_.reduce_type == DataType::float16)
+        detail::add_widened(context_.exec(), reinterpret_cast<const float16*>(in) + g.offset, g.piece, g.mine.count);
+      else
+        detail::add_widened(context_.exec(), reinterpret_cast<const float*>(in) + g.offset, g.piece, g.mine.count);
     }
     bucket.send = {};  // the pool takes them back in the instance's order: after the adds
     bucket.received = {};
-  }
-
-  // f(pointer to `bytes` as the reduce type's elements).
-  template <class F>
-  void with_reduce_type(F&& f, unsigned char* bytes) const {
-    if (options_.reduce_type == DataType::bfloat16) f(reinterpret_cast<bfloat16*>(bytes));
-    else if (options_.reduce_type == DataType::float16) f(reinterpret_cast<float16*>(bytes));
-    else f(reinterpret_cast<float*>(bytes));
   }
 
   Context context_;

@@ -5,7 +5,8 @@
 //   auto features = std::make_shared<parallel::TensorParallelGroup<Exec>>(tp);
 //   MultiheadAttention<Exec, float> layer(ctx, E, H, options, features);  // H / tp heads here
 //
-// sum() is an all-reduce of the elements in exec's memory: through MPI after exec.fence() on the
+// sum() is an all-reduce of the elements in exec's memory, gather() an all-gather and
+// reduce_scatter() a reduce-scatter (sequence parallelism): through MPI after exec.fence() on the
 // host, through NCCL on exec's stream in a CUDA build. It counts the wall time its calls take
 // (seconds()): the transfers on the host; on a GPU only the launches.
 #pragma once
@@ -33,6 +34,30 @@ class TensorParallelGroup final : public FeatureGroup<ExecSpace> {
   void sum(const ExecSpace& exec, double* data, std::size_t count) const override { reduce(exec, data, count); }
   void sum(const ExecSpace& exec, bfloat16* data, std::size_t count) const override { reduce(exec, data, count); }
   void sum(const ExecSpace& exec, float16* data, std::size_t count) const override { reduce(exec, data, count); }
+  void gather(const ExecSpace& exec, const float* part, float* whole, std::size_t count) const override {
+    all_gather(exec, part, whole, count);
+  }
+  void gather(const ExecSpace& exec, const double* part, double* whole, std::size_t count) const override {
+    all_gather(exec, part, whole, count);
+  }
+  void gather(const ExecSpace& exec, const bfloat16* part, bfloat16* whole, std::size_t count) const override {
+    all_gather(exec, part, whole, count);
+  }
+  void gather(const ExecSpace& exec, const float16* part, float16* whole, std::size_t count) const override {
+    all_gather(exec, part, whole, count);
+  }
+  void reduce_scatter(const ExecSpace& exec, const float* whole, float* part, std::size_t count) const override {
+    scatter(exec, whole, part, count);
+  }
+  void reduce_scatter(const ExecSpace& exec, const double* whole, double* part, std::size_t count) const override {
+    scatter(exec, whole, part, count);
+  }
+  void reduce_scatter(const ExecSpace& exec, const bfloat16* whole, bfloat16* part, std::size_t count) const override {
+    scatter(exec, whole, part, count);
+  }
+  void reduce_scatter(const ExecSpace& exec, const float16* whole, float16* part, std::size_t count) const override {
+    scatter(exec, whole, part, count);
+  }
 
   double seconds() const { return seconds_; }
   void reset_seconds() { seconds_ = 0; }
@@ -43,6 +68,18 @@ class TensorParallelGroup final : public FeatureGroup<ExecSpace> {
     const auto start = std::chrono::steady_clock::now();
     using Values = Kokkos::View<V*, typename ExecSpace::memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
     ranks_.all_reduce(exec, Values(data, count), ReduceOp::sum);
+    seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+  template <class V>
+  void all_gather(const ExecSpace& exec, const V* part, V* whole, std::size_t count) const {
+    const auto start = std::chrono::steady_clock::now();
+    ranks_.all_gather(exec, part, whole, count, data_type_of<V>());
+    seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+  template <class V>
+  void scatter(const ExecSpace& exec, const V* whole, V* part, std::size_t count) const {
+    const auto start = std::chrono::steady_clock::now();
+    ranks_.reduce_scatter(exec, whole, part, count, data_type_of<V>(), ReduceOp::sum);
     seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   }
 

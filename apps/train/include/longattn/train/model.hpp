@@ -40,6 +40,15 @@
 // part of the whole model's tensor (ParameterGroup::split); weights initialize whole and are cut,
 // so P ranks train the model one rank does.
 //
+// Sequence parallelism (Korthikanti et al. 2022; `sequence_parallel` with a group of P): between
+// the tensor-parallel sublayers - embeddings, LayerNorms, residuals, the head and the loss - rank
+// p holds tokens [p n/P, (p + 1) n/P) of each sequence only ([B n/P, E] rows). Entering a
+// sublayer its input is all-gathered, leaving it the partial outputs are reduce-scattered
+// instead of all-reduced (sequence_parallel.hpp; backward the reverse, the inputs gathered again
+// rather than kept). forward() returns the loss of this rank's tokens; the gradients of the
+// replicated tensors those rows feed (norms, head, embeddings: ParameterGroup::sequence_partial)
+// are this rank's share, which the caller sums over the group.
+//
 // Every matrix product is a gemm (Kokkos Kernels); the rest are Kokkos kernels. All of it runs
 // in the model's ExecutionContext: on its instance, parameters, activations and gradients from
 // its pool (the attention layers share the context).
@@ -92,6 +101,7 @@ struct ParameterGroup {
   std::size_t count;
   bool decay;           // matrices decay (AdamW), biases, norms and embeddings do not
   FeatureSplit split{};  // how `values` are this rank's part of the whole tensor (tensor parallelism)
+  bool sequence_partial = false;  // gradients from this rank's tokens only: summed over the group by the caller
 };
 
 template <class ExecSpace, class T>
@@ -113,12 +123,13 @@ class Transformer {
     Positions positions;
   };
 
-  // `features`: the tensor-parallel group (nullptr or a group of one: the whole model here).
+  // `features`: the tensor-parallel group (nullptr or a group of one: the whole model here);
+  // `sequence_parallel`: with a group, split the tokens between its sublayers (above).
   Transformer(const Context& context, const ModelConfig& config, std::shared_ptr<const Features> features = nullptr,
-              GradientMemory gradient_memory = GradientMemory::kept)
+              GradientMemory gradient_memory = GradientMemory::kept, bool sequence_parallel = false)
       : context_(context), config_(config), features_(features && features->size() > 1 ? std::move(features) : nullptr),
         parts_(features_ ? features_->size() : 1), part_(features_ ? features_->rank() : 0),
-        gradient_memory_(gradient_memory) {
+        gradient_memory_(gradient_memory), sequence_parallel_(features_ && sequence_parallel) {
     validate(config);
     require(config.hidden() % parts_ == 0, "longattn::train::Transformer", "features", parts_,
             "a tensor-parallel group whose size divides the hidden size 4 x embed = " +
@@ -130,6 +141,7 @@ class Transformer {
     options.gamma_init = std::sqrt(std::log(2.0 * config.layers));  // MAGNETO, decoder
     options.recompute_attention = config.recompute == Recompute::selective;
     options.own_gradients = false;  // each block's attention's gradients are in its stretch
+    options.sequence_parallel = sequence_parallel_;
     std::mt19937_64 seeds(config.seed);
     // Own parameters, one buffer of values carved in this order; gradients by stretches.
     const std::size_t own_head = 2 * E + V * E + V, own_block = 4 * E + F * E + F + E * F + E;
@@ -187,6 +199,7 @@ class Transformer {
   }
 
   GradientMemory gradient_memory() const { return gradient_memory_; }
+  bool sequence_parallel() const { return sequence_parallel_; }
   // Kept gradients: all to zero. Per-block gradients start at zero in every backward: nothing to do.
   void zero_gradients() {
     if (gradient_memory_ == GradientMemory::kept)
@@ -255,7 +268,9 @@ class Transformer {
   void initialize(std::uint64_t seed);
   void list_groups();
   void reserve(int batch, std::int64_t tokens);
-  void acquire_activations(Block& b, std::size_t rows);
+  // A block's activations for `rows` of its tokens ([rows, E]: this rank's under sequence
+  // parallelism) and `all_rows` of the sequences (the MLP's hidden layer).
+  void acquire_activations(Block& b, std::size_t rows, std::size_t all_rows);
   void release_activations(Block& b);
   // The block's forward from b.x; its output into `next` (none: stop after the MLP's GELU, as
   // full recomputation needs).
@@ -278,7 +293,19 @@ class Transformer {
   }
   static Matrix rows(const Rows& r) { return Matrix(r.data(), r.extent(0), r.extent(1)); }
   using Tokens3 = Kokkos::View<T***, Kokkos::LayoutRight, memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
-  Tokens3 tokens3(const Rows& r) const { return Tokens3(r.data(), batch_, tokens_, r.extent(1)); }
+  // Rows as [B, tokens, cols]: this rank's tokens of the batch's sequences, or all of them.
+  template <class M>
+  Tokens3 tokens3(const M& r) const {
+    return Tokens3(r.data(), batch_, std::int64_t(r.extent(0)) / batch_, r.extent(1));
+  }
+  // This rank's tokens of each sequence (sequence parallelism), of a [B, n] or [n] batch view.
+  std::pair<std::int64_t, std::int64_t> my_tokens(std::int64_t n) const {
+    return sequence_parallel_ ? std::make_pair(part_ * n / parts_, (part_ + 1) * n / parts_) : std::make_pair(std::int64_t(0), n);
+  }
+  // Under sequence parallelism: the whole [B n, cols] rows of this rank's `shard` gathered from
+  // the group; `partial` whole rows reduce-scattered (summed) into `shard`.
+  Rows gathered(const Matrix& shard) const;
+  void scattered(const Matrix& partial, const Matrix& shard) const;
 
   // How a linear layer's weights are split over the tensor-parallel group: whole, by output
   // features (column-parallel: dx summed over the group backward) or by input features
@@ -298,6 +325,7 @@ class Transformer {
   std::shared_ptr<const Features> features_;  // nullptr: the whole model on this rank
   int parts_, part_;
   GradientMemory gradient_memory_;
+  bool sequence_parallel_;
   memory::PooledView<Flat> values_;
   std::vector<GradientStretch> stretches_;  // backward's order: head, blocks L-1 .. 0, embeddings
   std::vector<std::size_t> group_offsets_;  // each group's gradients in its stretch's memory
@@ -308,7 +336,7 @@ class Transformer {
 
   // Activations of the last forward pass.
   int batch_ = 0;
-  std::int64_t tokens_ = 0;
+  std::int64_t tokens_ = 0;  // of each sequence on this rank (before the sequence split)
   Batch batch_data_;
   Rows x_final_, h_final_, logits_, d_x_, d_x2_, d_h_, d_hidden_;
   LayerNormStats norm_final_;

@@ -82,6 +82,7 @@ struct TrainConfig {
   int cp = 1;                       // context-parallel ranks per sequence
   int tp = 1;                       // tensor-parallel ranks per layer (heads, MLP features split);
                                     // dp = ranks / (tp cp)
+  bool sequence_parallel = false;   // with tp > 1: norms, residuals, embeddings and head on 1/tp of the tokens
   int zero = 0;                     // ZeRO stage: 0, 1 (AdamW's state sharded over the dp x cp ranks) or 2 (and the gradients), zero.hpp
   std::uint64_t data_seed = 1;      // the train and validation batches
   int eval_every = 20;              // steps between validation losses (0: only at the end)

@@ -49,7 +49,7 @@ class ParameterShards {
     for (const auto& g : groups_) {
       const parallel::ShardPiece mine = parallel::shard_piece(g.count, ranks_.size(), ranks_.rank());
       pieces_.push_back({g.name, g.values + mine.begin, g.gradients ? g.gradients + mine.begin : nullptr, mine.count,
-                         g.decay, g.split});
+                         g.decay, g.split, g.sequence_partial});
       piece_size_.push_back(mine.size);
       piece_begin_.push_back(whole_offset + mine.begin);
       whole_offset += g.count;

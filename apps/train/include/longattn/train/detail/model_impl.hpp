@@ -10,6 +10,7 @@
 #include "longattn/core/block_sparse_patterns.hpp"
 #include "longattn/core/dilated_attention.hpp"
 #include "longattn/core/layer_norm.hpp"
+#include "longattn/core/sequence_parallel.hpp"
 #include "longattn/kokkos_compat.hpp"
 
 namespace longattn::train {
@@ -219,13 +220,18 @@ template <class ExecSpace, class T>
 void Transformer<ExecSpace, T>::list_groups() {
   const std::size_t E = config_.embed, F = config_.hidden(), V = ModelConfig::vocab, N = config_.context;
   std::size_t stretch = 0;  // the stretch whose groups are listed (every one holds memory now)
-  auto add = [&](const std::string& name, T* values, Accumulate* gradients, const FeatureSplit& split, bool decay) {
+  auto add = [&](const std::string& name, T* values, Accumulate* gradients, const FeatureSplit& split, bool decay,
+                 bool sequence_partial) {
     if (stretches_[stretch].groups++ == 0) stretches_[stretch].first_group = int(groups_.size());
     group_offsets_.push_back(std::size_t(gradients - stretches_[stretch].memory.data()));
-    groups_.push_back({name, values, gradients, split.part_count(parts_), decay, split});
+    groups_.push_back({name, values, gradients, split.part_count(parts_), decay, split, sequence_partial});
   };
-  auto own = [&](const std::string& name, std::size_t offset, const FeatureSplit& split, bool decay) {
-    add(name, values_.data() + offset, own_gradient(offset), split, decay);
+  // Own tensors: whole ones outside the sublayers see only this rank's tokens under sequence
+  // parallelism (b2's gradient comes from the gathered dy: whole).
+  auto own = [&](const std::string& name, std::size_t offset, const FeatureSplit& split, bool decay,
+                 bool outside_sublayers = true) {
+    add(name, values_.data() + offset, own_gradient(offset), split, decay,
+        sequence_parallel_ && outside_sublayers && !split.split());
   };
   using Split = FeatureSplit;
   own("head.norm", head_.ln, Split::whole(2 * E), false);
@@ -236,7 +242,7 @@ void Transformer<ExecSpace, T>::list_groups() {
     const std::string layer = "layer" + std::to_string(l) + ".";
     ++stretch;
     own(layer + "mlp.w2", b.w2, Split::by_columns(E, F), true);
-    own(layer + "mlp.b2", b.b2, Split::whole(E), false);
+    own(layer + "mlp.b2", b.b2, Split::whole(E), false, false);
     own(layer + "mlp.w1", b.w1, Split::by_rows(F, E), true);
     own(layer + "mlp.b1", b.b1, Split::by_rows(F, 1), false);
     own(layer + "norm2", b.ln2, Split::whole(2 * E), false);
@@ -246,7 +252,7 @@ void Transformer<ExecSpace, T>::list_groups() {
     const auto& g = b.attention->weight_gradients();
     const auto splits = b.attention->feature_splits();
     auto module = [&](const std::string& name, T* values, Accumulate* gradients, const Split& split, bool decay) {
-      add(layer + name, values, gradients, split, decay);
+      add(layer + name, values, gradients, split, decay, false);
     };
     module("attention.w_out", w.w_out.data(), g.w_out.data(), splits.w_out, true);
     module("attention.b_out", w.b_out.data(), g.b_out.data(), splits.b_out, false);
@@ -322,9 +328,11 @@ template <class ExecSpace, class T>
 void Transformer<ExecSpace, T>::reserve(int batch, std::int64_t tokens) {
   if (batch == batch_ && tokens == tokens_) return;
   batch_ = tokens_ = 0;  // recorded once every buffer is there: a refusing pool leaves a retry possible
-  const std::size_t R = std::size_t(batch) * tokens, E = config_.embed, F = local_hidden(), V = ModelConfig::vocab;
-  auto rows = [&](std::size_t cols) {
-    return context_.template allocate<typename Rows::view_type>(R, cols);
+  // R rows of this rank's tokens (1/P of them under sequence parallelism), all_rows of all.
+  const std::size_t all_rows = std::size_t(batch) * tokens, E = config_.embed, F = local_hidden(), V = ModelConfig::vocab;
+  const std::size_t R = all_rows / std::size_t(sequence_parallel_ ? parts_ : 1);
+  auto rows = [&](std::size_t count, std::size_t cols) {
+    return context_.template allocate<typename Rows::view_type>(count, cols);
   };
   for (Block& b : blocks_) {
     release_activations(b);  // back to the pool before the new ones
@@ -335,31 +343,34 @@ void Transformer<ExecSpace, T>::reserve(int batch, std::int64_t tokens) {
   norm_final_ = {};
   ones_ = {};
   for (Block& b : blocks_) {
-    b.x = rows(E);
-    if (config_.recompute != Recompute::full) acquire_activations(b, R);
+    b.x = rows(R, E);
+    if (config_.recompute != Recompute::full) acquire_activations(b, R, all_rows);
   }
-  x_final_ = rows(E), h_final_ = rows(E), logits_ = rows(V);
-  d_x_ = rows(E), d_x2_ = rows(E), d_h_ = rows(E), d_hidden_ = rows(F);
+  x_final_ = rows(R, E), h_final_ = rows(R, E), logits_ = rows(R, V);
+  d_x_ = rows(R, E), d_x2_ = rows(R, E), d_h_ = rows(R, E), d_hidden_ = rows(all_rows, F);
   norm_final_ = {context_.template allocate<typename Stats::view_type>(R),
                  context_.template allocate<typename Stats::view_type>(R)};
-  ones_ = context_.template allocate<Kokkos::View<T*, memory_space>>(R);
+  ones_ = context_.template allocate<Kokkos::View<T*, memory_space>>(all_rows);
   Kokkos::deep_copy(context_.exec(), ones_.view(), T(1.0));
   batch_ = batch;
   tokens_ = tokens;
 }
 
 template <class ExecSpace, class T>
-void Transformer<ExecSpace, T>::acquire_activations(Block& b, std::size_t R) {
+void Transformer<ExecSpace, T>::acquire_activations(Block& b, std::size_t R, std::size_t all_rows) {
   if (b.h1.size() > 0) return;  // held
   const std::size_t E = config_.embed, F = local_hidden();
   auto rows = [&](std::size_t cols) {
     return context_.template allocate<typename Rows::view_type>(R, cols);
   };
+  auto all = [&](std::size_t cols) {
+    return context_.template allocate<typename Rows::view_type>(all_rows, cols);
+  };
   auto stats = [&] {
     return LayerNormStats{context_.template allocate<typename Stats::view_type>(R),
                           context_.template allocate<typename Stats::view_type>(R)};
   };
-  b.h1 = rows(E), b.x2 = rows(E), b.h2 = rows(E), b.u = rows(F), b.g = rows(F);
+  b.h1 = rows(E), b.x2 = rows(E), b.h2 = rows(E), b.u = all(F), b.g = all(F);
   b.norm1 = stats(), b.norm2 = stats();
 }
 
@@ -375,12 +386,32 @@ void Transformer<ExecSpace, T>::linear_forward(const Matrix& x, std::size_t w, s
   const std::size_t in = x.extent(1), out = y.extent(1);
   const ExecSpace& exec = context_.exec();
   const bool summed = parallel == Parallel::row && features_;
+  // Sequence parallelism: a column-parallel layer's input gathered whole, a row-parallel one's
+  // partial output whole before it is reduce-scattered into y.
+  const bool gather = sequence_parallel_ && parallel == Parallel::column;
+  const bool scatter = sequence_parallel_ && parallel == Parallel::row;
+  const Rows x_all = gather ? gathered(x) : Rows();
+  const Rows y_all = scatter ? context_.template allocate<typename Rows::view_type>(x.extent(0), out) : Rows();
+  const Matrix input = gather ? rows(x_all) : x, output = scatter ? rows(y_all) : y;
   if (summed && part_ != 0)
-    Kokkos::deep_copy(exec, y, T(0.0));
+    Kokkos::deep_copy(exec, output, T(0.0));
   else
-    broadcast_rows(exec, vector(values_, b, out), y);
-  gemm(context_, "N", "T", Accumulate(1), x, matrix(values_, w, out, in), Accumulate(1), y);
-  if (summed) features_->sum(exec, y.data(), y.size());
+    broadcast_rows(exec, vector(values_, b, out), output);
+  gemm(context_, "N", "T", Accumulate(1), input, matrix(values_, w, out, in), Accumulate(1), output);
+  if (scatter) scattered(output, y);
+  else if (summed) features_->sum(exec, y.data(), y.size());
+}
+
+template <class ExecSpace, class T>
+typename Transformer<ExecSpace, T>::Rows Transformer<ExecSpace, T>::gathered(const Matrix& shard) const {
+  Rows whole = context_.template allocate<typename Rows::view_type>(shard.extent(0) * std::size_t(parts_), shard.extent(1));
+  gather_sequence(context_, *features_, tokens3(shard), tokens3(whole));
+  return whole;
+}
+
+template <class ExecSpace, class T>
+void Transformer<ExecSpace, T>::scattered(const Matrix& partial, const Matrix& shard) const {
+  reduce_scatter_sequence(context_, *features_, tokens3(partial), tokens3(shard));
 }
 
 template <class ExecSpace, class T>
@@ -388,10 +419,19 @@ void Transformer<ExecSpace, T>::linear_backward(const Matrix& x, const Matrix& d
                                                 const Matrix& dx, Parallel parallel) const {
   const std::size_t in = x.extent(1), out = dy.extent(1);
   const ExecSpace& exec = context_.exec();
-  add_column_sums(exec, dy, ones_.view(), gradient_vector(b, out));
-  gemm(context_, "T", "N", Accumulate(1), dy, x, Accumulate(1), gradient_matrix(w, out, in));
-  gemm(context_, "N", "N", Accumulate(1), dy, matrix(values_, w, out, in), Accumulate(0), dx);
-  if (parallel == Parallel::column && features_) features_->sum(exec, dx.data(), dx.size());
+  // Sequence parallelism: a row-parallel layer's dy gathered whole; a column-parallel layer's
+  // input gathered again and its partial dx whole before it is reduce-scattered into dx.
+  const bool row = sequence_parallel_ && parallel == Parallel::row;
+  const bool column = sequence_parallel_ && parallel == Parallel::column;
+  const Rows dy_all = row ? gathered(dy) : Rows();
+  const Rows x_all = column ? gathered(x) : Rows();
+  const Rows dx_all = column ? context_.template allocate<typename Rows::view_type>(dy.extent(0), in) : Rows();
+  const Matrix d_output = row ? rows(dy_all) : dy, input = column ? rows(x_all) : x, d_input = column ? rows(dx_all) : dx;
+  add_column_sums(exec, d_output, ones_.view(), gradient_vector(b, out));
+  gemm(context_, "T", "N", Accumulate(1), d_output, input, Accumulate(1), gradient_matrix(w, out, in));
+  gemm(context_, "N", "N", Accumulate(1), d_output, matrix(values_, w, out, in), Accumulate(0), d_input);
+  if (column) scattered(d_input, dx);
+  else if (parallel == Parallel::column && features_) features_->sum(exec, dx.data(), dx.size());
 }
 
 template <class ExecSpace, class T>
@@ -423,17 +463,21 @@ double Transformer<ExecSpace, T>::forward(const Batch& batch, double normalizer,
           where, "batch.targets / batch.weights", "other extents", "the extents of batch.inputs");
   require(normalizer > 0, where, "normalizer", normalizer, "a positive token count");
   require(loss_scale > 0 && std::isfinite(loss_scale), where, "loss_scale", loss_scale, "a positive finite factor");
+  require(!sequence_parallel_ || n % parts_ == 0, where, "batch.inputs.extent(1)", n,
+          "tokens per sequence divisible by the " + std::to_string(parts_) + " ranks that split them (sequence parallelism)");
   reserve(int(B), n);
   batch_data_ = batch;
   const ExecSpace& exec = context_.exec();
   const std::size_t E = config_.embed, V = ModelConfig::vocab, N = config_.context;
-  detail::embed_forward(exec, batch.inputs, batch.positions, matrix(values_, embedding_.tokens, V, E),
-                        matrix(values_, embedding_.positions, N, E), rows(blocks_[0].x));
+  const auto mine = my_tokens(n);  // this rank's tokens of each sequence
+  detail::embed_forward(exec, Kokkos::subview(batch.inputs, Kokkos::ALL, mine), Kokkos::subview(batch.positions, mine),
+                        matrix(values_, embedding_.tokens, V, E), matrix(values_, embedding_.positions, N, E),
+                        rows(blocks_[0].x));
   const bool full = config_.recompute == Recompute::full;
   for (std::size_t l = 0; l < blocks_.size(); ++l) {
     Block& b = blocks_[l];
     const Matrix next = l + 1 < blocks_.size() ? rows(blocks_[l + 1].x) : rows(x_final_);
-    if (full) acquire_activations(b, std::size_t(B) * n);
+    if (full) acquire_activations(b, blocks_[0].x.extent(0), std::size_t(B) * n);
     block_forward(b, &next);
     if (full && l + 1 < blocks_.size()) {  // the last block's stay: backward starts with it
       release_activations(b);
@@ -442,7 +486,9 @@ double Transformer<ExecSpace, T>::forward(const Batch& batch, double normalizer,
   }
   norm_forward(rows(x_final_), head_.ln, rows(h_final_), norm_final_);
   linear_forward(rows(h_final_), head_.w, head_.b, rows(logits_), Parallel::whole);
-  return detail::cross_entropy(exec, rows(logits_), batch.targets, batch.weights, loss_scale / normalizer) / normalizer;
+  return detail::cross_entropy(exec, rows(logits_), Kokkos::subview(batch.targets, Kokkos::ALL, mine),
+                               Kokkos::subview(batch.weights, Kokkos::ALL, mine), loss_scale / normalizer) /
+         normalizer;
 }
 
 template <class ExecSpace, class T>
@@ -484,7 +530,7 @@ void Transformer<ExecSpace, T>::backward(const std::function<void(int)>& ready) 
   for (std::size_t l = blocks_.size(); l-- > 0;) {
     Block& b = blocks_[l];
     if (full && b.h1.size() == 0) {  // this block's activations again, from its input
-      acquire_activations(b, std::size_t(batch_) * tokens_);
+      acquire_activations(b, blocks_[0].x.extent(0), std::size_t(batch_) * tokens_);
       block_forward(b, nullptr);
     }
     acquire_gradients(++stretch);
@@ -506,7 +552,9 @@ void Transformer<ExecSpace, T>::backward(const std::function<void(int)>& ready) 
     release_gradients(stretch);
   }
   acquire_gradients(++stretch);
-  detail::embed_backward(exec, batch_data_.inputs, batch_data_.positions, rows(d_x_),
+  const auto mine = my_tokens(tokens_);
+  detail::embed_backward(exec, Kokkos::subview(batch_data_.inputs, Kokkos::ALL, mine),
+                         Kokkos::subview(batch_data_.positions, mine), rows(d_x_),
                          gradient_matrix(embedding_.tokens, V, E), gradient_matrix(embedding_.positions, N, E));
   finish(2);
   release_gradients(stretch);
