@@ -65,21 +65,21 @@ class TensorParallelGroup final : public FeatureGroup<ExecSpace> {
  private:
   template <class V>
   void reduce(const ExecSpace& exec, V* data, std::size_t count) const {
-    const auto start = std::chrono::steady_clock::now();
     using Values = Kokkos::View<V*, typename ExecSpace::memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
-    ranks_.all_reduce(exec, Values(data, count), ReduceOp::sum);
-    seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    timed([&] { ranks_.all_reduce(exec, Values(data, count), ReduceOp::sum); });
   }
   template <class V>
   void all_gather(const ExecSpace& exec, const V* part, V* whole, std::size_t count) const {
-    const auto start = std::chrono::steady_clock::now();
-    ranks_.all_gather(exec, part, whole, count, data_type_of<V>());
-    seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    timed([&] { ranks_.all_gather(exec, part, whole, count, data_type_of<V>()); });
   }
   template <class V>
   void scatter(const ExecSpace& exec, const V* whole, V* part, std::size_t count) const {
+    timed([&] { ranks_.reduce_scatter(exec, whole, part, count, data_type_of<V>(), ReduceOp::sum); });
+  }
+  template <class F>
+  void timed(F&& collective) const {
     const auto start = std::chrono::steady_clock::now();
-    ranks_.reduce_scatter(exec, whole, part, count, data_type_of<V>(), ReduceOp::sum);
+    collective();
     seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   }
 
