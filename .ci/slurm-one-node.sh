@@ -2,7 +2,7 @@
 # A real one-node Slurm on this machine (munged, slurmctld, slurmd on localhost), and on it:
 #   - the 2-rank batch script submitted with sbatch, its output checked (the job completed, the
 #     loss fell), then submitted again: it resumes from the checkpoint the first job left;
-#   - a rank SIGKILLed in the middle of a step, in a 2-rank (ZeRO 2) and a 4-rank (tp 2 x cp 2, ZeRO 1) job: the
+#   - a rank SIGKILLed in the middle of a step, in a 2-rank (ZeRO 2) and a 4-rank (tp 2 x cp 2, sequence parallel, ZeRO 1) job: the
 #     launch must end within 60 s (no rank left waiting in a collective), the batch script
 #     restarts it from the last checkpoint, and the final checkpoint (parameters, AdamW moments,
 #     step, random state) is byte for byte an uninterrupted job's.
@@ -168,5 +168,5 @@ rank_killed() {
     "the run resumed at step $resumed, final checkpoint identical to the uninterrupted job's"
 }
 rank_killed 2 1 --zero 2
-rank_killed 4 0 --tp 2 --cp 2 --zero 1
+rank_killed 4 0 --tp 2 --cp 2 --zero 1 --sequence-parallel
 ok=1

@@ -565,7 +565,7 @@ TrainResult train(const TrainConfig& config, const parallel::Communicator& world
                                 "ranks per node a multiple of --tp)\n"
                           : "")
          << "memory    recompute " << to_string(config.model.recompute) << "; precision " << to_string(config.precision)
-         << "; gradients all-reduced in "
+         << "; gradients " << (zero == 2 ? "reduce-scattered" : "all-reduced") << " in "
          << (config.grad_reduce == GradientReduce::model ? to_string(config.precision) : "fp32")
          << "; ZeRO " << config.zero
          << (shards ? std::string(" (AdamW's state") + (zero == 2 ? " and the gradients" : "") + " sharded over " +
