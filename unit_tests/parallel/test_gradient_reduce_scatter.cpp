@@ -120,6 +120,8 @@ TEST_CASE("ZeRO's pieces cover a tensor once, in rank order", "[parallel][reduce
       }
       CHECK(next == count);
     }
+  CHECK_THROWS_WITH(shard_piece(5, 0, 0), Catch::Contains("argument 'ranks' is 0, expected at least 1"));
+  CHECK_THROWS_WITH(shard_piece(5, 2, 2), Catch::Contains("argument 'rank' is 2, expected a rank from 0 to 1"));
 }
 
 TEST_CASE("GradientReduceScatter refuses bad input", "[parallel][reduce_scatter][errors]") {

@@ -131,6 +131,20 @@ TEMPLATE_LIST_TEST_CASE("a MultiheadAttention split over the ranks computes the 
   check_part("dbeta", splits.ln_beta, g.ln_beta, whole.weight_gradients().ln_beta);
 }
 
+TEST_CASE("the sequence-parallel moves refuse shards and wholes that do not fit", "[parallel][tensor_parallel][errors]") {
+  using Exec = Kokkos::DefaultHostExecutionSpace;
+  using Tokens = Kokkos::View<float***, Kokkos::LayoutRight, Kokkos::HostSpace>;
+  const auto world = longattn::test::throwing_world();
+  const longattn::parallel::TensorParallelGroup<Exec> group(world);
+  const longattn::ExecutionContext<Exec> context;
+  const int P = world.size();
+  const Tokens shard("shard", 2, 3, 4), wrong("whole", 2, 3 * P + 1, 4);
+  const std::string expected = "argument 'whole's extents' is [2, " + std::to_string(3 * P + 1) +
+                               ", 4], expected [B, P s, C] = [2, " + std::to_string(3 * P) + ", 4]";
+  CHECK_THROWS_WITH(longattn::gather_sequence(context, group, shard, wrong), Catch::Contains(expected));
+  CHECK_THROWS_WITH(longattn::reduce_scatter_sequence(context, group, wrong, shard), Catch::Contains(expected));
+}
+
 TEST_CASE("a MultiheadAttention refuses a tensor-parallel group that does not divide its heads",
           "[parallel][tensor_parallel][errors]") {
   using Exec = Kokkos::DefaultHostExecutionSpace;

@@ -48,6 +48,9 @@ struct ShardPiece {
   std::size_t count;  // min(count, begin + S) - begin
 };
 inline ShardPiece shard_piece(std::size_t count, int ranks, int rank) {
+  require(ranks >= 1, "longattn::parallel::shard_piece", "ranks", ranks, "at least 1");
+  require(rank >= 0 && rank < ranks, "longattn::parallel::shard_piece", "rank", rank,
+          "a rank from 0 to " + std::to_string(ranks - 1));
   const std::size_t S = (count + std::size_t(ranks) - 1) / std::size_t(ranks);
   const std::size_t begin = std::min(count, std::size_t(rank) * S);
   return {S, begin, std::min(count, begin + S) - begin};
