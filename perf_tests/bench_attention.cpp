@@ -1,7 +1,7 @@
 // The fused attention kernels on this machine: forward and forward + backward GFLOP/s for B = 1,
 // H = 8, D = 64 and 128, N = 1K..16K (and 32K at D = 64), causal and not, fp32, on all cores of
-// the default host execution space; the peak extra memory of forward + backward for N = 4K,
-// 16K, 64K; and dilated attention (LongNet, w = 2048,4096,8192, r = 1,2,4, both modes) for
+// the default host execution space, and with and without head-major copies; the peak extra
+// memory of forward + backward for N = 4K, 16K, 64K; and dilated attention (LongNet, w = 2048,4096,8192, r = 1,2,4, both modes) for
 // N = 8K..256K: tokens/s, time per token, GFLOP/s of the scores it computes; block-sparse
 // attention at N = 16K and 64K for densities 5..100% and each named pattern, beside dense.
 //
@@ -135,6 +135,23 @@ void BM_AttentionBackwardPasses(benchmark::State& state) {
   set_counters(state, n * 2.5 * forward_flops(1, N, H, D, opts.causal), n * 8.0 * N * H * D * sizeof(float), seconds);
 }
 
+// Forward + backward with and without head-major copies (AttentionOptions::head_major_copies).
+// Args: {N, D, causal, copies (0 or 1)}; B = 1, H = 8, fp32; GFLOP/s counted as the pair's.
+void BM_AttentionHeadMajorCopies(benchmark::State& state) {
+  const int N = int(state.range(0)), D = int(state.range(1)), H = 8;
+  longattn::AttentionOptions opts;
+  opts.causal = state.range(2) != 0;
+  opts.head_major_copies = state.range(3) != 0;
+  Problem<float> p(1, N, H, D);
+  const double seconds = time_steps(state, [&] {
+    longattn::attention_forward(Exec(), p.q, p.k, p.v, p.o, p.lse, opts);
+    longattn::attention_backward(Exec(), p.q, p.k, p.v, p.o, p.d_o, p.lse, p.dq, p.dk, p.dv, opts);
+    Kokkos::fence();
+  });
+  const double n = state.iterations();
+  set_counters(state, n * 3.5 * forward_flops(1, N, H, D, opts.causal), n * 12.0 * N * H * D * sizeof(float), seconds);
+}
+
 // Bytes allocated through Kokkos (Views, and the OpenMP backend's per-thread scratch pool) while
 // a measurement runs: Kokkos' tool hooks see every allocation and deallocation. The default
 // pool's chunks are reported to the hooks too; they are left out, as what the call takes from
@@ -165,11 +182,12 @@ struct AllocationCounter {
 // default pool (the Delta buffer; the pool's in-use high-water mark) plus anything allocated
 // through Kokkos directly (its hooks; none once the per-thread scratch has grown), and the team
 // scratch they use (allocated once per process, per thread, and independent of N).
-// Arg: N; B = 1, H = 8, D = 64, causal.
+// Args: {N, copies (AttentionOptions::head_major_copies, 0 or 1)}; B = 1, H = 8, D = 64, causal.
 void BM_AttentionMemory(benchmark::State& state) {
   const int N = int(state.range(0)), H = 8, D = 64;
   longattn::AttentionOptions opts;
   opts.causal = true;
+  opts.head_major_copies = state.range(1) != 0;
   Problem<float> p(1, N, H, D);
   {  // the per-thread scratch pool grows on first use: reported separately, below
     Problem<float> small(1, 64, H, D);
@@ -394,7 +412,12 @@ BENCHMARK(BM_DilatedForwardBackward<Kokkos::Cuda>)
     ->ArgsProduct({{65536, 262144}, {0}, {0}})
     ->UseRealTime()->Unit(benchmark::kMillisecond);
 #endif
-BENCHMARK(BM_AttentionMemory)->Arg(4096)->Arg(16384)->Arg(65536)->Iterations(1)->UseRealTime()->Unit(benchmark::kSecond);
+BENCHMARK(BM_AttentionHeadMajorCopies)
+    ->ArgsProduct({{1024, 4096, 16384}, {64, 128}, {0, 1}, {0, 1}})
+    ->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_AttentionMemory)
+    ->ArgsProduct({{4096, 16384, 65536}, {0, 1}})
+    ->Iterations(1)->UseRealTime()->Unit(benchmark::kSecond);
 
 int main(int argc, char* argv[]) {
   longattn::ScopeGuard guard(argc, argv, {/*select_blas_kernels=*/true});

@@ -413,6 +413,78 @@ TEMPLATE_LIST_TEST_CASE("the one-pass backward sums dQ in place or in a workspac
   }
 }
 
+TEMPLATE_LIST_TEST_CASE("head-major copies give the in-place results bit for bit, in the workspace documented",
+                        "[core][attention]", longattn::test::ExecutionSpaces) {
+  using Memory = typename TestType::memory_space;
+  constexpr bool host = Kokkos::SpaceAccessibility<TestType, Kokkos::HostSpace>::accessible;
+  std::mt19937_64 rng(longattn::test::test_seed());
+  const Shape s{2, 130, 77, 3, 64, 60, 0};
+  const HostTensor q = random_tensor<float>(2, 130, 3, 64, rng), k = random_tensor<float>(2, 77, 3, 64, rng);
+  const HostTensor v = random_tensor<float>(2, 77, 3, 64, rng), d_o = random_tensor<float>(2, 130, 3, 64, rng);
+  const auto qd = to_device<float, Memory>(q), kd = to_device<float, Memory>(k), vd = to_device<float, Memory>(v);
+  const auto dod = to_device<float, Memory>(d_o);
+  const longattn::memory::Pool<Memory> pool;
+  const longattn::ExecutionContext<TestType> context(TestType(), pool);
+  struct Results {
+    HostTensor o, dq, dk, dv;
+    HostRows lse;
+    std::size_t forward_bytes, backward_bytes;  // the pool's high-water mark in each pass
+  };
+  auto run = [&](bool copies, bool causal, longattn::BackwardPasses passes) {
+    Kokkos::View<float****, Memory> o("o", 2, 130, 3, 64), dq("dq", 2, 130, 3, 64);
+    Kokkos::View<float****, Memory> dk("dk", 2, 77, 3, 64), dv("dv", 2, 77, 3, 64);
+    Kokkos::View<float***, Memory> lse("lse", 2, 3, 130);
+    auto opts = options(s, causal);
+    opts.backward_passes = passes;
+    opts.head_major_copies = copies;
+    pool.reset_high_water();
+    longattn::attention_forward(context, qd, kd, vd, o, lse, opts);
+    const std::size_t forward_bytes = pool.stats().in_use_high_water_bytes;
+    pool.reset_high_water();
+    longattn::attention_backward(context, qd, kd, vd, o, dod, lse, dq, dk, dv, opts);
+    TestType().fence();
+    return Results{to_host(o), to_host(dq), to_host(dk), to_host(dv), to_host(lse), forward_bytes,
+                   pool.stats().in_use_high_water_bytes};
+  };
+  auto same = [](const auto& a, const auto& b) {
+    for (std::size_t i = 0; i < a.span(); ++i)
+      if (!(a.data()[i] == b.data()[i])) return false;
+    return true;
+  };
+  const std::size_t tensor_bytes = 2 * 130 * 3 * 64 * sizeof(float), key_bytes = 2 * 77 * 3 * 64 * sizeof(float);
+  for (bool causal : {false, true})
+    for (auto passes : {longattn::BackwardPasses::two, longattn::BackwardPasses::one}) {
+      INFO(describe(s, causal) << ", backward passes " << longattn::to_string(passes));
+      const Results in_place = run(false, causal, passes), copied = run(true, causal, passes);
+      HostTensor o_ref("o", 2, 130, 3, 64), dq_ref("dq", 2, 130, 3, 64);
+      HostTensor dk_ref("dk", 2, 77, 3, 64), dv_ref("dv", 2, 77, 3, 64);
+      HostRows lse_ref("lse", 2, 3, 130);
+      longattn::test::reference_attention_forward(q, k, v, o_ref, lse_ref, reference_options(s, causal));
+      longattn::test::reference_attention_backward(q, k, v, d_o, dq_ref, dk_ref, dv_ref, reference_options(s, causal));
+      CHECK(relative_error(copied.o, o_ref) <= tolerance<float>());
+      CHECK(relative_error(copied.dq, dq_ref) <= gradient_tolerance<float>());
+      CHECK(relative_error(copied.dk, dk_ref) <= gradient_tolerance<float>());
+      CHECK(same(copied.o, in_place.o));
+      CHECK(same(copied.lse, in_place.lse));
+      CHECK(same(copied.dq, in_place.dq));
+      CHECK(same(copied.dk, in_place.dk));
+      CHECK(same(copied.dv, in_place.dv));
+      // Without copies the forward pass allocates nothing. With them (host spaces) it holds K's
+      // and V's copies; the backward pass two of its inputs' (Q and dO, or K and V) beside Delta,
+      // and in the one-pass form dQ's sums: attention_*_workspace_bytes(), up to the pool's
+      // rounding of each block to 4 KiB.
+      const std::size_t rounding = 4 * 4096;
+      CHECK(in_place.forward_bytes == 0);
+      if (host) CHECK(copied.forward_bytes >= 2 * key_bytes);
+      CHECK(copied.forward_bytes <= longattn::attention_forward_workspace_bytes<float>(2, 3, 77, 64) + rounding);
+      const std::size_t dq_sums = passes == longattn::BackwardPasses::one ? tensor_bytes : 0;
+      if (host) CHECK(copied.backward_bytes >= 2 * tensor_bytes + dq_sums);
+      CHECK(copied.backward_bytes <=
+            longattn::attention_backward_workspace_bytes<float>(2, 3, 130, 64, 77) + rounding);
+      CHECK(in_place.backward_bytes < tensor_bytes);
+    }
+}
+
 TEMPLATE_LIST_TEST_CASE("attention over [K1; K2] equals merge_partial of attention over K1 and over K2",
                         "[core][attention][merge]", longattn::test::ExecutionSpaces) {
   using Memory = typename TestType::memory_space;

@@ -12,12 +12,14 @@
 // `blocks` is the block pattern the kernels visit: dense by default (DenseBlocks), or a
 // block-sparse layout (block_sparse_layout.hpp), whose cost is proportional to its kept blocks.
 //
-// Memory: the forward pass allocates nothing; the backward pass allocates Delta = rowsum(dO * O),
+// Memory, from the pool of the ExecutionContext a pass is given (execution_context.hpp), or the
+// default pool when given a bare instance: on a host space both passes copy the tensors they
+// stream into head-major workspaces (AttentionOptions::head_major_copies: two B x H x N x D
+// tensors at a time); the backward pass also allocates Delta = rowsum(dO * O),
 // B * H * Nq * sizeof(accumulate_t<T>), and in its one-pass form, unless dq holds float or double
-// with the head dim contiguous, dQ's float sums (B * H * Nq * D), from the pool of the
-// ExecutionContext it is given (execution_context.hpp), or the default pool when given a bare
-// instance: at most attention_backward_workspace_bytes(). Each team also uses the scratch of
-// attention_scratch_bytes() (per thread on a CPU).
+// with each head's rows together, dQ's sums (B * H * Nq * D). At most
+// attention_forward_workspace_bytes() and attention_backward_workspace_bytes(). Each team also
+// uses the scratch of attention_scratch_bytes() (per thread on a CPU).
 #pragma once
 
 #include <Kokkos_Core.hpp>
@@ -79,6 +81,16 @@ struct AttentionOptions {
   // for the instance (a debugging switch).
   bool check_finite = false;
   BackwardPasses backward_passes = BackwardPasses::automatic;
+  // On a host space the kernels read the tensors they stream past a resident block (forward: K
+  // and V; backward: Q and dO in the one-pass form and the dK/dV pass, K and V in the dQ pass)
+  // from head-major copies ([B][H][N][D]: each head's rows together) that they take from the
+  // pool, and the one-pass form sums dQ in such a workspace, wherever a head's rows are not
+  // together already (the [B, N, H, D] layout puts them H * D elements apart). Contiguous rows
+  // are what the CPU's prefetchers follow and what fills its caches' sets evenly: 1.1-1.3x
+  // faster at N >= 4K (perf_tests/RESULTS.md). The price is transient memory, two B H N D
+  // tensors (attention_forward_workspace_bytes). false: read them in place, allocate nothing.
+  // Device spaces always read in place. The results are the same bit for bit.
+  bool head_major_copies = true;
 };
 
 // Largest head dimension the kernels accept (scratch grows with it).
@@ -91,10 +103,22 @@ constexpr int attention_block_size() {
   return tiles_for_t<ExecSpace, Tiles>::template shape<accumulate_t<T>>::block;
 }
 
-// The most the backward pass allocates from the pool: Delta, and dQ's sums in the one-pass form.
+// The most the forward pass allocates from the pool: the head-major copies of K and V
+// (AttentionOptions::head_major_copies; nothing on a device space or without them).
 template <class T>
-std::size_t attention_backward_workspace_bytes(int batch, int heads, int queries, int head_dim) {
-  return std::size_t(batch) * heads * queries * (1 + std::size_t(head_dim)) * sizeof(accumulate_t<T>);
+std::size_t attention_forward_workspace_bytes(int batch, int heads, int keys, int head_dim) {
+  return 2 * std::size_t(batch) * heads * keys * head_dim * sizeof(T);
+}
+
+// The most the backward pass allocates from the pool: Delta, dQ's sums in the one-pass form,
+// and the head-major copies of two of the tensors (of Q and dO, or of K and V: keys for Nq when
+// the key count is larger).
+template <class T>
+std::size_t attention_backward_workspace_bytes(int batch, int heads, int queries, int head_dim, int keys = 0) {
+  const std::size_t rows = std::size_t(batch) * heads;
+  const std::size_t tokens = std::size_t(keys > queries ? keys : queries);
+  return rows * queries * (1 + std::size_t(head_dim)) * sizeof(accumulate_t<T>) +
+         2 * rows * tokens * head_dim * sizeof(T);
 }
 
 // Team scratch of the forward pass and of the largest backward kernel (the one-pass form's).
@@ -392,14 +416,53 @@ void run_team_kernel(const char* label, const ExecSpace& exec, Kernel kernel) {
   Kokkos::parallel_for(label, policy, kernel);
 }
 
-// f(b, i, h) for every query row of an attention call, on `exec`.
+// f(b, i, h) for every row of `batch` x `tokens` x `heads`, on `exec`.
+template <class ExecSpace, class F>
+void for_each_row(const char* label, const ExecSpace& exec, int batch, int tokens, int heads, const F& f) {
+  Kokkos::parallel_for(
+      label, Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(exec, 0, std::int64_t(batch) * tokens * heads),
+      KOKKOS_LAMBDA(std::int64_t row) { f(int(row / heads / tokens), int(row / heads % tokens), int(row % heads)); });
+}
+
+// f(b, i, h) for every query row of an attention call.
 template <class ExecSpace, class F>
 void for_each_query_row(const char* label, const ExecSpace& exec, const AttentionGeometry& geo, const F& f) {
-  const int heads = geo.heads, queries = geo.queries;
-  Kokkos::parallel_for(
-      label,
-      Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(exec, 0, std::int64_t(geo.batch) * queries * heads),
-      KOKKOS_LAMBDA(std::int64_t row) { f(int(row / heads / queries), int(row / heads % queries), int(row % heads)); });
+  for_each_row(label, exec, geo.batch, geo.queries, geo.heads, f);
+}
+
+// A [B, N, H, D] view of head-major memory ([B][H][N][D]: each head's N rows together).
+template <class ExecSpace, class T>
+Tensor4<T, ExecSpace> head_major_view(T* data, std::size_t batch, std::size_t tokens, std::size_t heads,
+                                      std::size_t head_dim) {
+  return Tensor4<T, ExecSpace>(data, Kokkos::LayoutStride(batch, heads * tokens * head_dim, tokens, head_dim, heads,
+                                                          tokens * head_dim, head_dim, 1));
+}
+
+// Whether the kernels should stream x from a head-major copy (AttentionOptions::head_major_copies):
+// on host spaces, where a head's rows are not together already.
+template <class ExecSpace, class View>
+bool wants_head_major_copy(const AttentionOptions& opts, const View& x) {
+  const bool together = x.stride(3) == 1 && x.stride(1) == x.extent(3);
+  return opts.head_major_copies && Kokkos::SpaceAccessibility<ExecSpace, Kokkos::HostSpace>::accessible && !together &&
+         x.span() > 0;
+}
+
+// The tensor a kernel streams: x itself, or (wants_head_major_copy) a head-major copy of it in
+// `memory`, taken from the context's pool. `memory` must outlive the kernels that read it.
+template <class ExecSpace, class S>
+Tensor4<const S, ExecSpace> streamed_tensor(const ExecutionContext<ExecSpace>& context, const AttentionOptions& opts,
+                                            const Tensor4<const S, ExecSpace>& x,
+                                            memory::PooledView<Kokkos::View<S*, typename ExecSpace::memory_space>>& memory) {
+  if (!wants_head_major_copy<ExecSpace>(opts, x)) return x;
+  const std::size_t B = x.extent(0), N = x.extent(1), H = x.extent(2), D = x.extent(3);
+  memory = context.template allocate<Kokkos::View<S*, typename ExecSpace::memory_space>>(B * H * N * D);
+  const Tensor4<S, ExecSpace> copy = head_major_view<ExecSpace>(memory.data(), B, N, H, D);
+  const int head_dim = int(D);
+  for_each_row("longattn::attention::head_major_copy", context.exec(), int(B), int(N), int(H),
+               KOKKOS_LAMBDA(int b, int i, int h) {
+                 for (int d = 0; d < head_dim; ++d) copy(b, i, h, d) = x(b, i, h, d);
+               });
+  return copy;
 }
 
 // The compiled entry points under attention_forward and attention_backward, one class per
@@ -415,11 +478,12 @@ struct AttentionKernels {
   using Output = Tensor4<S, ExecSpace>;
   using Delta = Kokkos::View<T***, typename ExecSpace::memory_space>;  // [B, H, Nq]
   using Context = ExecutionContext<ExecSpace>;
+  using Copy = memory::PooledView<Kokkos::View<S*, typename ExecSpace::memory_space>>;  // a head-major copy
 
-  static void forward(const ExecSpace& exec, const Input& q, const Input& k, const Input& v, const Output& o,
+  // Workspaces (head-major copies; backward's Delta and dQ's sums) from the context's pool.
+  static void forward(const Context& context, const Input& q, const Input& k, const Input& v, const Output& o,
                       const Tensor3<T, ExecSpace>& lse, const AttentionGeometry& geo, const Pattern& pattern,
                       const AttentionOptions& opts);
-  // Workspaces (Delta, dQ's sums) from the context's pool.
   static void backward(const Context& context, const Input& q, const Input& k, const Input& v, const Input& o,
                        const Input& d_o, const Tensor3<const T, ExecSpace>& lse, const Output& dq, const Output& dk,
                        const Output& dv, const AttentionGeometry& geo, const Pattern& pattern,
@@ -429,16 +493,26 @@ struct AttentionKernels {
 };
 
 template <class ExecSpace, class S, class Pattern, class Tiles>
-void AttentionKernels<ExecSpace, S, Pattern, Tiles>::forward(const ExecSpace& exec, const Input& q, const Input& k,
+void AttentionKernels<ExecSpace, S, Pattern, Tiles>::forward(const Context& context, const Input& q, const Input& k,
                                                              const Input& v, const Output& o,
                                                              const Tensor3<T, ExecSpace>& lse,
                                                              const AttentionGeometry& geo, const Pattern& pattern,
                                                              const AttentionOptions& opts) {
   const double scale = softmax_scale(opts, geo.head_dim);
-  ForwardKernel<ExecSpace, S, Pattern, Tiles> kernel{
-      q, k, v, o, lse, geo, pattern, T(scale * log2_e<double>()), T(opts.output_scale), opts.accumulate_output, 0};
+  Copy k_copy, v_copy;
+  ForwardKernel<ExecSpace, S, Pattern, Tiles> kernel{q,
+                                                     streamed_tensor(context, opts, k, k_copy),
+                                                     streamed_tensor(context, opts, v, v_copy),
+                                                     o,
+                                                     lse,
+                                                     geo,
+                                                     pattern,
+                                                     T(scale * log2_e<double>()),
+                                                     T(opts.output_scale),
+                                                     opts.accumulate_output,
+                                                     0};
   kernel.bf16_products = bf16_products(kernel);
-  run_team_kernel("longattn::attention_forward", exec, kernel);
+  run_team_kernel("longattn::attention_forward", context.exec(), kernel);
 }
 
 template <class ExecSpace, class S, class Pattern, class Tiles>
@@ -469,32 +543,48 @@ void AttentionKernels<ExecSpace, S, Pattern, Tiles>::backward(const Context& con
                            exec, 0, std::int64_t(geo.batch) * geo.heads * geo.queries),
                        DeltaKernel<ExecSpace, S>{o, d_o, delta.view(), geo.heads, geo.queries, geo.head_dim});
   if (!one_pass(exec, geo, opts.backward_passes)) {
-    KeyGradientKernel<ExecSpace, S, Pattern, Tiles> key_gradient{
-        q, k, v, d_o, lse, delta.view(), dk, dv, geo, pattern, scale_log2, T(opts.output_scale),
-        opts.accumulate_gradients, 0};
-    key_gradient.bf16_products = bf16_products(key_gradient);
-    run_team_kernel("longattn::attention_backward::dk_dv", exec, key_gradient);
+    {  // the dK/dV pass streams Q and dO
+      Copy q_copy, d_o_copy;
+      KeyGradientKernel<ExecSpace, S, Pattern, Tiles> key_gradient{streamed_tensor(context, opts, q, q_copy),
+                                                                   k,
+                                                                   v,
+                                                                   streamed_tensor(context, opts, d_o, d_o_copy),
+                                                                   lse,
+                                                                   delta.view(),
+                                                                   dk,
+                                                                   dv,
+                                                                   geo,
+                                                                   pattern,
+                                                                   scale_log2,
+                                                                   T(opts.output_scale),
+                                                                   opts.accumulate_gradients,
+                                                                   0};
+      key_gradient.bf16_products = bf16_products(key_gradient);
+      run_team_kernel("longattn::attention_backward::dk_dv", exec, key_gradient);
+    }
+    Copy k_copy, v_copy;  // the dQ pass streams K and V
     QueryGradientKernel<ExecSpace, S, Pattern, Tiles> query_gradient{
-        q, k, v, d_o, lse, delta.view(), dq, geo, pattern, T(scale), scale_log2, T(opts.output_scale),
-        opts.accumulate_gradients, 0};
+        q,  streamed_tensor(context, opts, k, k_copy), streamed_tensor(context, opts, v, v_copy), d_o, lse, delta.view(),
+        dq, geo, pattern, T(scale), scale_log2, T(opts.output_scale), opts.accumulate_gradients, 0};
     query_gradient.bf16_products = bf16_products(query_gradient);
     run_team_kernel("longattn::attention_backward::dq", exec, query_gradient);
     return;
   }
-  // One pass: dQ is summed in place where dq holds T with the head dim contiguous, else in a
-  // workspace of T, [B][H][Nq][D] (each head's rows together), added into dq at the end.
+  // One pass: dQ is summed in place where dq holds T with each head's rows together (or, without
+  // head-major copies, with the head dim contiguous), else in a head-major workspace of T, added
+  // into dq at the end.
   using Sums = Kokkos::View<T*, Memory>;
   memory::PooledView<Sums> workspace;
   Tensor4<T, ExecSpace> dq_sum;
   if constexpr (std::is_same_v<S, T>) {
-    if (dq.stride(3) == 1 && dq.stride(1) <= std::size_t(std::numeric_limits<int>::max())) dq_sum = dq;
+    if (dq.stride(3) == 1 && dq.stride(1) <= std::size_t(std::numeric_limits<int>::max()) &&
+        !wants_head_major_copy<ExecSpace>(opts, dq))
+      dq_sum = dq;
   }
   if (dq_sum.data() == nullptr) {
     const std::size_t B = geo.batch, H = geo.heads, N = geo.queries, D = geo.head_dim;
     workspace = context.template allocate<Sums>(B * H * N * D);
-    const std::size_t extents[4] = {B, N, H, D}, strides[4] = {H * N * D, D, N * D, 1};
-    dq_sum = Tensor4<T, ExecSpace>(workspace.data(), Kokkos::LayoutStride(extents[0], strides[0], extents[1], strides[1],
-                                                                          extents[2], strides[2], extents[3], strides[3]));
+    dq_sum = head_major_view<ExecSpace>(workspace.data(), B, N, H, D);
     Kokkos::deep_copy(exec, workspace.view(), T(0));
   }
   const int head_dim = geo.head_dim;
@@ -502,9 +592,21 @@ void AttentionKernels<ExecSpace, S, Pattern, Tiles>::backward(const Context& con
     for_each_query_row("longattn::attention_backward::zero_dq", exec, geo, KOKKOS_LAMBDA(int b, int i, int h) {
       for (int d = 0; d < head_dim; ++d) dq_sum(b, i, h, d) = T(0);
     });
-  KeyGradientKernel<ExecSpace, S, Pattern, Tiles, true> kernel{
-      q, k, v, d_o, lse, delta.view(), dk, dv, geo, pattern, scale_log2, T(opts.output_scale), opts.accumulate_gradients,
-      0};
+  Copy q_copy, d_o_copy;  // the pass streams Q and dO
+  KeyGradientKernel<ExecSpace, S, Pattern, Tiles, true> kernel{streamed_tensor(context, opts, q, q_copy),
+                                                               k,
+                                                               v,
+                                                               streamed_tensor(context, opts, d_o, d_o_copy),
+                                                               lse,
+                                                               delta.view(),
+                                                               dk,
+                                                               dv,
+                                                               geo,
+                                                               pattern,
+                                                               scale_log2,
+                                                               T(opts.output_scale),
+                                                               opts.accumulate_gradients,
+                                                               0};
   kernel.dq_sum = dq_sum;
   kernel.scale = T(scale);
   kernel.bf16_products = bf16_products(kernel);
@@ -528,14 +630,19 @@ LONGATTN_ETI_FOR_EACH(LONGATTN_ETI_STORAGE_TYPES, LONGATTN_ATTENTION_DENSE_ETI)
 // ---------------------------------------------------------------------------------------------
 // Tiles: the tile configuration (attention_tiles.hpp), the space's own unless given:
 // attention_forward<ThreadTiles<4>>(exec, ...) runs the GPU's shape of the kernels on a host space.
-template <class Tiles = DefaultTiles, class ExecSpace, class Q, class K, class V, class O, class Lse, class Blocks>
-void attention_forward(const ExecSpace& exec, const Q& q, const K& k, const V& v, const O& o,
-                       const Lse& lse, const AttentionOptions& opts, const Blocks& blocks) {
+// `on`: an execution space instance, or an ExecutionContext whose pool the head-major copies
+// come from.
+template <class Tiles = DefaultTiles, class On, class Q, class K, class V, class O, class Lse, class Blocks>
+void attention_forward(const On& on, const Q& q, const K& k, const V& v, const O& o, const Lse& lse,
+                       const AttentionOptions& opts, const Blocks& blocks) {
+  using ExecSpace = execution_space_of<On>;
   using T = longattn::scalar_of<Q>;
   const char* where = "longattn::attention_forward";
   const AttentionGeometry geo = check_attention_forward<ExecSpace, T>(where, q, k, v, o, lse, opts);
   if constexpr (detail::runnable_attention<T, Lse, K, V, O>) {
     detail::check_blocks<ExecSpace, T, Tiles>(where, blocks, geo);
+    const auto& context = context_of(on);
+    const ExecSpace& exec = context.exec();
     if (opts.check_finite) {
       detail::check_attention_inputs<ExecSpace, T>(where, exec, q, k, v, geo, opts);
       if (opts.accumulate_output) {
@@ -543,7 +650,7 @@ void attention_forward(const ExecSpace& exec, const Q& q, const K& k, const V& v
         detail::check_finite_tensor(where, exec, "lse", lse, detail::finite_input(), true);
       }
     }
-    detail::AttentionKernels<ExecSpace, T, Blocks, tiles_for_t<ExecSpace, Tiles>>::forward(exec, q, k, v, o, lse,
+    detail::AttentionKernels<ExecSpace, T, Blocks, tiles_for_t<ExecSpace, Tiles>>::forward(context, q, k, v, o, lse,
                                                                                            geo, blocks, opts);
     if (opts.check_finite) {
       detail::check_finite_tensor(where, exec, "lse", lse, detail::overflowed<T>("the softmax"), true);
@@ -552,11 +659,11 @@ void attention_forward(const ExecSpace& exec, const Q& q, const K& k, const V& v
   }
 }
 
-template <class Tiles = DefaultTiles, class ExecSpace, class Q, class K, class V, class O, class Lse>
-void attention_forward(const ExecSpace& exec, const Q& q, const K& k, const V& v, const O& o,
-                       const Lse& lse, const AttentionOptions& opts = {}) {
-  attention_forward<Tiles>(exec, q, k, v, o, lse, opts,
-                           detail::dense_blocks<ExecSpace, longattn::scalar_of<Q>, Tiles>(q, k, opts));
+template <class Tiles = DefaultTiles, class On, class Q, class K, class V, class O, class Lse>
+void attention_forward(const On& on, const Q& q, const K& k, const V& v, const O& o, const Lse& lse,
+                       const AttentionOptions& opts = {}) {
+  attention_forward<Tiles>(on, q, k, v, o, lse, opts,
+                           detail::dense_blocks<execution_space_of<On>, longattn::scalar_of<Q>, Tiles>(q, k, opts));
 }
 
 // ---------------------------------------------------------------------------------------------

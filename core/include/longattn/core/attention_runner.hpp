@@ -77,9 +77,9 @@ class LocalAttention final : public AttentionRunner<ExecSpace, T> {
     if (concrete.kind == AttentionSpec::Kind::dilated)
       dilated_attention_forward(ctx, in.q, in.k, in.v, out.o, out.lse, concrete.dilated, opts);
     else if (concrete.kind == AttentionSpec::Kind::block_sparse)
-      attention_forward(ctx.exec(), in.q, in.k, in.v, out.o, out.lse, opts, layout(ctx, concrete, in));
+      attention_forward(ctx, in.q, in.k, in.v, out.o, out.lse, opts, layout(ctx, concrete, in));
     else
-      attention_forward(ctx.exec(), in.q, in.k, in.v, out.o, out.lse, opts);
+      attention_forward(ctx, in.q, in.k, in.v, out.o, out.lse, opts);
   }
 
   void backward(const Context& ctx, const Inputs& in, const Outputs& out, const Heads& d_o,

@@ -258,11 +258,11 @@ void dilated_attention_forward(const On& on, const Q& q, const K& k, const V& v,
       const auto o_run = dilated::select_tokens(o, b, pass, run);
       const auto lse_run = dilated::select_rows(lse, b, pass, run);
       if (config.mode == DilatedMode::head_groups || pass.config == 0) {
-        attention_forward<Tiles>(exec, q_run, k_run, v_run, o_run, lse_run, pass_opts);
+        attention_forward<Tiles>(context, q_run, k_run, v_run, o_run, lse_run, pass_opts);
       } else {
         const auto o_part_run = dilated::select_tokens(o_part, b, pass, run);
         const auto lse_part_run = dilated::select_rows(lse_part, b, pass, run);
-        attention_forward<Tiles>(exec, q_run, k_run, v_run, o_part_run, lse_part_run, pass_opts);
+        attention_forward<Tiles>(context, q_run, k_run, v_run, o_part_run, lse_part_run, pass_opts);
         merge_partial(exec, o_run, lse_run, o_part_run, lse_part_run);
       }
     });

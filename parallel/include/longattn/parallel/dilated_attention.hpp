@@ -193,7 +193,7 @@ void dilated_attention_forward(const On& on, const Communicator& group, const At
       if (span == 0) {  // local segments, as on one rank
         for (const dilated::SegmentRun& run : dilated::segment_runs(pass, S))
           for (int b = 0; b < geo.batch; ++b)
-            attention_forward(exec, dilated::select_tokens(q, b, pass, run),
+            attention_forward(context, dilated::select_tokens(q, b, pass, run),
                               dilated::select_tokens(k, b, pass, run),
                               dilated::select_tokens(v, b, pass, run),
                               dilated::select_tokens(o, b, pass, run),
@@ -209,7 +209,7 @@ void dilated_attention_forward(const On& on, const Communicator& group, const At
       segment_opts.query_offset = std::int64_t(spanning.index) * run.tokens;  // in the dilated segment
       for (int b = 0; b < geo.batch; ++b) {
         const auto batch = Kokkos::make_pair(b, b + 1);
-        attention_forward(exec, dilated::select_tokens(q, b, pass, run),
+        attention_forward(context, dilated::select_tokens(q, b, pass, run),
                           Kokkos::subview(keys.view(), batch, Kokkos::ALL, Kokkos::ALL, Kokkos::ALL),
                           Kokkos::subview(values.view(), batch, Kokkos::ALL, Kokkos::ALL, Kokkos::ALL),
                           dilated::select_tokens(o, b, pass, run),

@@ -597,10 +597,10 @@ void ring_attention_forward(const On& on, const RingPlan<execution_space_of<On>>
               const auto lse_seg = detail::token_range<2>(lse, seg.local_begin, seg.tokens);
               auto forward = [&](const auto& o_out, const auto& lse_out) {
                 if (const auto* layout = plan.layout(g, owner, c))
-                  attention_forward(exec, q_seg, buffer.keys(held.tokens), buffer.values(held.tokens), o_out, lse_out,
+                  attention_forward(context, q_seg, buffer.keys(held.tokens), buffer.values(held.tokens), o_out, lse_out,
                                     pair_opts, *layout);
                 else
-                  attention_forward(exec, q_seg, buffer.keys(held.tokens), buffer.values(held.tokens), o_out, lse_out,
+                  attention_forward(context, q_seg, buffer.keys(held.tokens), buffer.values(held.tokens), o_out, lse_out,
                                     pair_opts);
               };
               if constexpr (half) {

@@ -194,12 +194,6 @@ KOKKOS_INLINE_FUNCTION constexpr T minus_infinity() { return -math::infinity<T>(
 
 // Prefetches part `part` of `parts` of rows [first, first + count) of a tensor's (b, h) slice,
 // a cache line at a time. Called from tile_mma's after_tile hook with the next block's rows.
-// GCC 12 compiles these calls to nothing in the float kernels: its IPA pure-const pass finds no
-// side effect in a function whose only statements are __builtin_prefetch and deletes the calls
-// (the libraries' disassembly holds no prefetch but the bf16 products'). Kept in, by
-// [[gnu::noipa]] or an asm prefetch, they measured 0.90-1.01x the speed without them on
-// Emerald Rapids (2026-11-26, perf_tests/RESULTS.md), so they stay as they are: a hint that costs
-// nothing where the compiler drops it; Clang keeps them.
 template <class Tensor>
 KOKKOS_INLINE_FUNCTION void prefetch_rows(const Tensor& x, int b, int h, int first, int count,
                                           int head_dim, int part, int parts) {

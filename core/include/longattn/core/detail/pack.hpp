@@ -32,12 +32,14 @@ inline constexpr int host_simd_bytes = 32;
 inline constexpr int host_simd_bytes = 16;
 #endif
 
-// Asks the cache for the line holding p ahead of use: the next block's K and V rows, H * D
-// elements apart (a 2 KB stride for H = 8, D = 64). See prefetch_rows (attention_kernels.hpp)
-// for what GCC makes of it.
+// Asks L2 for the line holding p ahead of use: the next block's rows (into L2, not L1, whose
+// 48 KiB the block products' operands fill). The empty asm is a side effect the compiler must
+// keep: without it GCC 12's IPA pure-const pass finds none in a function made of prefetches
+// (`__builtin_prefetch` has no side effect to it), marks the callers const and deletes every call.
 KOKKOS_INLINE_FUNCTION void prefetch(const void* p) {
 #if defined(__GNUC__) && !defined(__CUDA_ARCH__)
-  __builtin_prefetch(p);
+  __builtin_prefetch(p, 0, 2);
+  asm volatile("");
 #else
   (void)p;
 #endif
