@@ -5,6 +5,9 @@
 //
 // A configuration is a type with
 //   static constexpr int team_size;      threads per team
+//   static constexpr bool reads_rows_in_place;  whether a streamed block whose rows lie together
+//                                        in the tensor ([count][D], T) is read where it is
+//                                        instead of copied into scratch
 //   template <class T> struct shape {    for the accumulation type T:
 //     static constexpr int block;        tokens per block (block patterns are in these units)
 //     static constexpr int rows, packs;  a micro-tile: rows x packs accumulators, in registers
@@ -34,6 +37,9 @@ namespace longattn {
 // 16 FMAs (measured 110-125 GFLOP/s of ~133 on one Sapphire Rapids core with the operands in L1).
 struct SimdTiles {
   static constexpr int team_size = 1;
+  // A CPU thread reads a contiguous block from L2 as fast as from scratch (the head-major
+  // copies of attention.hpp make the streamed blocks contiguous): no copy.
+  static constexpr bool reads_rows_in_place = true;
   template <class T>
   struct shape {
     static constexpr int lanes = detail::host_simd_bytes / static_cast<int>(sizeof(T));
@@ -49,6 +55,7 @@ template <int TeamSize>
 struct ThreadTiles {
   static_assert(TeamSize >= 1, "a team has at least one thread");
   static constexpr int team_size = TeamSize;
+  static constexpr bool reads_rows_in_place = false;  // a GPU stages every block in shared memory
   template <class T>
   struct shape {
     static constexpr int lanes = 1;

@@ -169,6 +169,19 @@ KOKKOS_INLINE_FUNCTION void load_rows(const Member& team, const A& a, const B& b
   });
 }
 
+// Rows [first, ...) of a tensor's (b, h) slice where they are, as a row-major [count][D] array
+// of T, when the tile configuration reads rows in place and the head's rows lie together in
+// T (head-major copies, attention.hpp); else nullptr (then the kernel copies them to scratch).
+template <class Tiles, class T, class Tensor>
+KOKKOS_INLINE_FUNCTION const T* rows_in_place(const Tensor& x, int b, int h, int first) {
+  if constexpr (Tiles::reads_rows_in_place && std::is_same_v<typename Tensor::value_type, const T>) {
+    if (x.stride(3) == 1 && x.stride(1) == x.extent(3)) return &x(b, first, h, 0);
+  } else {
+    (void)x, (void)b, (void)h, (void)first;
+  }
+  return nullptr;
+}
+
 // Copies rows [first, first + count) of a tensor's (b, h) slice to scratch transposed, [d][L]
 // (tokens along the lanes), times `factor`; lanes from `count` on are zero.
 template <int L, class Member, class T, class Tensor>
@@ -350,7 +363,7 @@ KOKKOS_INLINE_FUNCTION void bf16_tile_mma(const Member& team, Bf16PairProduct pr
 
 // ---------------------------------------------------------------------------------------------
 // Forward. Scratch (L = block tokens, D = head dim): Qt[D][L] (queries along lanes), K and V
-// blocks [L][D], St[L][L] (scores, then probabilities, key-major), Ot[D][L] (unnormalized
+// blocks [L][D] (unless read in place, rows_in_place), St[L][L] (scores, then probabilities, key-major), Ot[D][L] (unnormalized
 // output), running max m[L] and sum l[L]. The bf16 path takes Q as column pairs, K as rows, V
 // as row pairs and the probabilities as row pairs Pp[L/2][L] instead of Qt, K, V and St's.
 template <class ExecSpace, class S, class Pattern, class Tiles>
@@ -428,11 +441,16 @@ struct ForwardKernel {
     for (int n = 0; n < visits; ++n) {
       const int k_first = visited[n] * L;
       const int k_count = tokens_in_block(k_first, geo.keys, L);
+      // K and V rows in place where they lie together (and the tiles read them so), else copied.
+      const T* k_block = pairs ? nullptr : rows_in_place<Tiles, T>(k, b, h, k_first);
+      const T* v_block = pairs ? nullptr : rows_in_place<Tiles, T>(v, b, h, k_first);
       if (pairs) {
         load_bf16_rows(team, k, b, h, k_first, k_count, D, k_rows);
         load_bf16_row_pairs(team, v, b, h, k_first, k_count, D, v_pairs);
-      } else {
+      } else if (k_block == nullptr || v_block == nullptr) {
         load_rows(team, k, v, b, h, k_first, k_count, D, ks, vs);
+        k_block = ks;
+        v_block = vs;
       }
       barrier();
       // The next block's K rows are fetched during this product, its V rows during the other.
@@ -445,7 +463,7 @@ struct ForwardKernel {
                        false},
                       k, b, h, next_first, next_count, D);
       else
-        tile_mma<Shape>(team, k_count, L, D, ks, D, 1, qt, L, st, L, false, [&](int tile, int tiles) {
+        tile_mma<Shape>(team, k_count, L, D, k_block, D, 1, qt, L, st, L, false, [&](int tile, int tiles) {
           prefetch_rows(k, b, h, next_first, next_count, D, tile, tiles);
         });
       barrier();
@@ -488,7 +506,7 @@ struct ForwardKernel {
         bf16_tile_mma(team, {v_pairs, 1, D, p_pairs, L, bf16_output(ot), L, D, L, (k_count + 1) / 2, 1.0f, true}, v,
                       b, h, next_first, next_count, D);
       else
-        tile_mma<Shape>(team, D, L, k_count, vs, 1, D, st, L, ot, L, true, [&](int tile, int tiles) {
+        tile_mma<Shape>(team, D, L, k_count, v_block, 1, D, st, L, ot, L, true, [&](int tile, int tiles) {
           prefetch_rows(v, b, h, next_first, next_count, D, tile, tiles);
         });
       barrier();
@@ -538,7 +556,8 @@ KOKKOS_INLINE_FUNCTION void load_row_statistics(const Lse& lse, const Delta& del
 
 // ---------------------------------------------------------------------------------------------
 // dK and dV, and in the one-pass form (WithQueryGradient) dQ too. Keys along lanes. Scratch:
-// Kt[D][L], Vt[D][L], the query block's Q (scaled) and dO [L][D], S[L][L] (then P), dP[L][L]
+// Kt[D][L] (times scale * log2(e)), Vt[D][L] (times output_scale), the query block's Q and dO
+// [L][D] (unless read in place, rows_in_place), S[L][L] (then P), dP[L][L]
 // (then dS), dKt[D][L], dVt[D][L], lse2[L], delta[L]; one pass adds the key block's rows
 // K[L][D] (times the softmax scale) for dQ[i][d] += sum_j dS[i][j] K[j][d], a product with the
 // head dim along the lanes (so D is a multiple of packs x lanes) into dq_sum's rows. The bf16
@@ -647,8 +666,8 @@ struct KeyGradientKernel {
       load_bf16_column_pairs<L>(team, v, b, h, k_first, k_count, D, x.v_pairs);
       if (WithQueryGradient) load_bf16_row_pairs(team, k, b, h, k_first, k_count, D, x.k_row_pairs);
     } else {
-      load_transposed<L>(team, k, b, h, k_first, k_count, D, T(1), kt);
-      load_transposed<L>(team, v, b, h, k_first, k_count, D, T(1), vt);
+      load_transposed<L>(team, k, b, h, k_first, k_count, D, scale_log2, kt);
+      load_transposed<L>(team, v, b, h, k_first, k_count, D, output_scale, vt);
       if constexpr (WithQueryGradient)
         Kokkos::parallel_for(Kokkos::TeamThreadRange(team, k_count), [&](int j) {
           for (int d = 0; d < D; ++d) x.ks[j * D + d] = T(k(b, k_first + j, h, d)) * scale;
@@ -663,18 +682,21 @@ struct KeyGradientKernel {
       const int q_first = visiting[n] * L;
       const int q_count = tokens_in_block(q_first, geo.queries, L);
       barrier();  // the previous block's products are done with qs, dos, s, dp
+      // Q and dO rows in place where they lie together (and the tiles read them so), else copied.
+      const T* q_block = pairs ? nullptr : rows_in_place<Tiles, T>(q, b, h, q_first);
+      const T* do_block = pairs ? nullptr : rows_in_place<Tiles, T>(d_o, b, h, q_first);
+      const bool copy = !pairs && (q_block == nullptr || do_block == nullptr);
       if (pairs) {
         load_bf16_rows(team, q, b, h, q_first, q_count, D, x.q_rows);
         load_bf16_rows(team, d_o, b, h, q_first, q_count, D, x.do_rows);
         load_bf16_row_pairs(team, q, b, h, q_first, q_count, D, x.q_row_pairs);
         load_bf16_row_pairs(team, d_o, b, h, q_first, q_count, D, x.do_row_pairs);
+      } else if (copy) {
+        load_rows(team, q, d_o, b, h, q_first, q_count, D, qs, dos);
+        q_block = qs;
+        do_block = dos;
       }
       Kokkos::parallel_for(Kokkos::TeamThreadRange(team, q_count), [&](int i) {
-        if (!pairs)
-          for (int d = 0; d < D; ++d) {
-            qs[i * D + d] = q(b, q_first + i, h, d) * scale_log2;
-            dos[i * D + d] = d_o(b, q_first + i, h, d) * output_scale;
-          }
         load_row_statistics(lse, delta, b, h, q_first + i, lse2[i], delta_rows[i]);
       });
       barrier();
@@ -690,10 +712,10 @@ struct KeyGradientKernel {
                              float(output_scale), false},
                       d_o, b, h, next_first, next_count, D);
       } else {
-        tile_mma<Shape>(team, q_count, L, D, qs, D, 1, kt, L, s, L, false, [&](int tile, int tiles) {
+        tile_mma<Shape>(team, q_count, L, D, q_block, D, 1, kt, L, s, L, false, [&](int tile, int tiles) {
           prefetch_rows(q, b, h, next_first, next_count, D, tile, tiles);
         });
-        tile_mma<Shape>(team, q_count, L, D, dos, D, 1, vt, L, dp, L, false, [&](int tile, int tiles) {
+        tile_mma<Shape>(team, q_count, L, D, do_block, D, 1, vt, L, dp, L, false, [&](int tile, int tiles) {
           prefetch_rows(d_o, b, h, next_first, next_count, D, tile, tiles);
         });
       }
@@ -723,15 +745,13 @@ struct KeyGradientKernel {
       // dVt[d][j] += sum_i dO[i][d] P[i][j];  dKt[d][j] += sum_i Q[i][d] dS[i][j]
       if (pairs) {
         const int q_pairs = (q_count + 1) / 2;
-        bf16_tile_mma(team, {x.do_row_pairs, 1, D, x.p_pairs, L, bf16_output(dvt), L, D, L, q_pairs,
-                             float(output_scale), true},
+        bf16_tile_mma(team, {x.do_row_pairs, 1, D, x.p_pairs, L, bf16_output(dvt), L, D, L, q_pairs, 1.0f, true},
                       d_o, b, h, 0, 0, D);
-        bf16_tile_mma(team, {x.q_row_pairs, 1, D, x.ds_pairs, L, bf16_output(dkt), L, D, L, q_pairs,
-                             float(scale_log2), true},
+        bf16_tile_mma(team, {x.q_row_pairs, 1, D, x.ds_pairs, L, bf16_output(dkt), L, D, L, q_pairs, 1.0f, true},
                       dq_sum, b, h, next_first, WithQueryGradient ? next_count : 0, D);
       } else {
-        tile_mma<Shape>(team, D, L, q_count, dos, 1, D, s, L, dvt, L, true);
-        tile_mma<Shape>(team, D, L, q_count, qs, 1, D, dp, L, dkt, L, true, [&](int tile, int tiles) {
+        tile_mma<Shape>(team, D, L, q_count, do_block, 1, D, s, L, dvt, L, true);
+        tile_mma<Shape>(team, D, L, q_count, q_block, 1, D, dp, L, dkt, L, true, [&](int tile, int tiles) {
           if constexpr (WithQueryGradient)
             prefetch_rows(dq_sum, b, h, next_first, next_count, D, tile, tiles);
           else
@@ -752,13 +772,14 @@ struct KeyGradientKernel {
     }
     barrier();
 
-    // dK = scale * dS^T Q; Q was scaled by scale * log2(e), so dKt carries an extra log2(e).
+    // dK = scale * dS^T Q, dV = output_scale * P^T dO (the products took Q and dO as they are).
+    const T dk_scale = scale_log2 * ln_2<T>();
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, k_count), [&](int j) {
       for (int d = 0; d < D; ++d) {
         S& dk_out = dk(b, k_first + j, h, d);
         S& dv_out = dv(b, k_first + j, h, d);
-        dk_out = S((accumulate ? T(dk_out) : T(0)) + dkt[d * L + j] * ln_2<T>());
-        dv_out = S((accumulate ? T(dv_out) : T(0)) + dvt[d * L + j]);
+        dk_out = S((accumulate ? T(dk_out) : T(0)) + dkt[d * L + j] * dk_scale);
+        dv_out = S((accumulate ? T(dv_out) : T(0)) + dvt[d * L + j] * output_scale);
       }
     });
   }
@@ -766,7 +787,7 @@ struct KeyGradientKernel {
 
 // ---------------------------------------------------------------------------------------------
 // dQ. Queries along lanes, like the forward pass. Scratch: Qt[D][L] (scaled), dOt[D][L], K and
-// V blocks [L][D], St[L][L] (then P), dPt[L][L] (then dS), dQt[D][L], lse2[L], delta[L]. The
+// V blocks [L][D] (unless read in place), St[L][L] (then P), dPt[L][L] (then dS), dQt[D][L], lse2[L], delta[L]. The
 // bf16 path takes Q and dO as column pairs, K and V as rows, K as row pairs and dS as row pairs.
 template <class ExecSpace, class S, class Pattern, class Tiles>
 struct QueryGradientKernel {
@@ -850,12 +871,16 @@ struct QueryGradientKernel {
       const int k_first = visited[n] * L;
       const int k_count = tokens_in_block(k_first, geo.keys, L);
       barrier();
+      const T* k_block = pairs ? nullptr : rows_in_place<Tiles, T>(k, b, h, k_first);
+      const T* v_block = pairs ? nullptr : rows_in_place<Tiles, T>(v, b, h, k_first);
       if (pairs) {
         load_bf16_rows(team, k, b, h, k_first, k_count, D, k_rows);
         load_bf16_rows(team, v, b, h, k_first, k_count, D, v_rows);
         load_bf16_row_pairs(team, k, b, h, k_first, k_count, D, k_row_pairs);
-      } else {
+      } else if (k_block == nullptr || v_block == nullptr) {
         load_rows(team, k, v, b, h, k_first, k_count, D, ks, vs);
+        k_block = ks;
+        v_block = vs;
       }
       barrier();
       const int next_first = n + 1 < visits ? visited[n + 1] * L : 0;
@@ -869,10 +894,10 @@ struct QueryGradientKernel {
                              float(output_scale), false},
                       v, b, h, next_first, next_count, D);
       } else {
-        tile_mma<Shape>(team, k_count, L, D, ks, D, 1, qt, L, st, L, false, [&](int tile, int tiles) {
+        tile_mma<Shape>(team, k_count, L, D, k_block, D, 1, qt, L, st, L, false, [&](int tile, int tiles) {
           prefetch_rows(k, b, h, next_first, next_count, D, tile, tiles);
         });
-        tile_mma<Shape>(team, k_count, L, D, vs, D, 1, dot, L, dpt, L, false, [&](int tile, int tiles) {
+        tile_mma<Shape>(team, k_count, L, D, v_block, D, 1, dot, L, dpt, L, false, [&](int tile, int tiles) {
           prefetch_rows(v, b, h, next_first, next_count, D, tile, tiles);
         });
       }
@@ -898,7 +923,7 @@ struct QueryGradientKernel {
         bf16_tile_mma(team, {k_row_pairs, 1, D, ds_pairs, L, bf16_output(dqt), L, D, L, (k_count + 1) / 2, 1.0f, true},
                       k, b, h, 0, 0, D);
       } else {
-        tile_mma<Shape>(team, D, L, k_count, ks, 1, D, dpt, L, dqt, L, true);
+        tile_mma<Shape>(team, D, L, k_count, k_block, 1, D, dpt, L, dqt, L, true);
       }
     }
     barrier();
