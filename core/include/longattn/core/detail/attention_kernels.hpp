@@ -498,7 +498,8 @@ struct ForwardKernel {
         if (pairs && k_count % 2 == 1) store_bf16_pairs(even, P::broadcast(T(0)), p_pairs + k_count / 2 * L + i);
         fma(P::load(l + i), alpha, sum).store(l + i);
         m_new.store(m + i);
-        for (int d = 0; d < D; ++d) (P::load(ot + d * L + i) * alpha).store(ot + d * L + i);
+        if (!all_lanes_equal(alpha, T(1)))  // no query's maximum moved: Ot stays as it is
+          for (int d = 0; d < D; ++d) (P::load(ot + d * L + i) * alpha).store(ot + d * L + i);
       });
       barrier();
       // Ot[d][i] += sum_j V[j][d] Pt[j][i]

@@ -19,6 +19,10 @@
 
 #if defined(__GNUC__) && !defined(__CUDACC__) && !defined(__HIPCC__)
 #define LONGATTN_VECTOR_EXTENSIONS 1
+#if defined(__AVX512F__)
+#define LONGATTN_AVX512_PACKS 1
+#include <immintrin.h>
+#endif
 #endif
 
 namespace longattn::detail {
@@ -45,20 +49,12 @@ KOKKOS_INLINE_FUNCTION void prefetch(const void* p) {
 #endif
 }
 
-// 2^x for x <= 0 (wider inputs work up to 2^127): x = n + f with n = round(x), |f| <= 1/2;
-// 2^f by its Taylor series to degree 7 (relative error < 1e-8 on |f ln 2| <= 0.35), 2^n by
-// writing n into the exponent bits. x <= -127 gives exactly 0, so a masked score (-inf) has
-// probability 0; NaN stays NaN.
+// 2^f for |f| <= 1/2 by its Taylor series to degree 7 (relative error < 1e-8 on |f ln 2| <= 0.35).
 template <class P>
-KOKKOS_INLINE_FUNCTION P exp2_float_lanes(P x) {
+KOKKOS_INLINE_FUNCTION P exp2_taylor(P f) {
   constexpr float c1 = 0.6931471805599453f, c2 = 0.2402265069591007f, c3 = 0.0555041086648216f,
                   c4 = 0.0096181291076285f, c5 = 0.0013333558146428f, c6 = 0.0001540353039338f,
                   c7 = 0.0000152527338040f;
-  constexpr float round_magic = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
-  x = select_less(x, -127.0f, P::broadcast(-127.0f));
-  const P t = x + P::broadcast(round_magic);
-  const P n = t - P::broadcast(round_magic);
-  const P f = x - n;
   P p = P::broadcast(c7);
   p = fma(p, f, P::broadcast(c6));
   p = fma(p, f, P::broadcast(c5));
@@ -66,8 +62,18 @@ KOKKOS_INLINE_FUNCTION P exp2_float_lanes(P x) {
   p = fma(p, f, P::broadcast(c3));
   p = fma(p, f, P::broadcast(c2));
   p = fma(p, f, P::broadcast(c1));
-  p = fma(p, f, P::broadcast(1.0f));
-  return p * pow2_of_rounded(t);
+  return fma(p, f, P::broadcast(1.0f));
+}
+// 2^x for x <= 0 (wider inputs work up to 2^127): x = n + f with n = round(x), |f| <= 1/2, 2^f
+// by the series, 2^n by writing n into the exponent bits. x <= -127 gives exactly 0, so a
+// masked score (-inf) has probability 0; NaN stays NaN.
+template <class P>
+KOKKOS_INLINE_FUNCTION P exp2_float_lanes(P x) {
+  constexpr float round_magic = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
+  x = select_less(x, -127.0f, P::broadcast(-127.0f));
+  const P t = x + P::broadcast(round_magic);
+  const P n = t - P::broadcast(round_magic);
+  return exp2_taylor(x - n) * pow2_of_rounded(t);
 }
 
 #ifdef LONGATTN_VECTOR_EXTENSIONS
@@ -189,6 +195,34 @@ struct Pack {
 template <int W>
 KOKKOS_INLINE_FUNCTION Pack<float, W> exp2(Pack<float, W> x) {
   return exp2_float_lanes(x);
+}
+
+#ifdef LONGATTN_AVX512_PACKS
+// The same series with AVX-512's rounding (vrndscaleps) and 2^n scaling (vscalefps): 12
+// instructions where the bit arithmetic above takes 16. x <= -151 gives exactly 0 (2^-151
+// rounds to 0); between -150 and -126 the result is subnormal. NaN stays NaN. (The masked
+// forms with every lane set: GCC 12 calls the unmasked ones' undefined source uninitialized.)
+inline Pack<float, 16> exp2(Pack<float, 16> x) {
+  using P = Pack<float, 16>;
+  constexpr __mmask16 all = 0xffff;
+  const __m512 clamped = (__m512)select_less(x, -151.0f, P::broadcast(-151.0f)).v;
+  const __m512 n = _mm512_mask_roundscale_ps(clamped, all, clamped, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const P p = exp2_taylor(P{(P::Native)(clamped - n)});
+  return {(P::Native)_mm512_mask_scalef_ps((__m512)p.v, all, (__m512)p.v, n)};
+}
+
+// Whether every lane holds `value`.
+inline bool all_lanes_equal(Pack<float, 16> x, float value) {
+  return _mm512_cmp_ps_mask((__m512)x.v, _mm512_set1_ps(value), _CMP_NEQ_UQ) == 0;
+}
+#endif
+
+// Whether every lane holds `value`.
+template <class T, int W>
+KOKKOS_INLINE_FUNCTION bool all_lanes_equal(Pack<T, W> x, T value) {
+  for (int l = 0; l < W; ++l)
+    if (!(x[l] == value)) return false;
+  return true;
 }
 
 template <int W>
