@@ -25,10 +25,9 @@ virtual environment); nothing in the build or the tests uses it.
 import argparse
 import json
 import os
-import subprocess
 import sys
 
-from timing import seconds_per_step
+from timing import run_benchmark, seconds_per_step
 
 BLOCK, HEADS, HEAD_DIM = 64, 8, 64
 # (name, pattern id of the benchmark, density in percent for random)
@@ -39,8 +38,7 @@ CASES = [("random 5%", 0, 5), ("random 10%", 0, 10), ("random 25%", 0, 25), ("ra
 
 def run_bench(bench, name, threads):
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), OMP_PROC_BIND="false")
-    out = subprocess.run([bench, f"--benchmark_filter=^{name}", "--benchmark_format=json"],
-                         env=env, check=True, capture_output=True, text=True).stdout
+    out = run_benchmark([bench, f"--benchmark_filter=^{name}", "--benchmark_format=json"], env)
     runs = json.loads(out)["benchmarks"]
     if not runs:
         sys.exit(f"{bench} ran no benchmark for {name}")

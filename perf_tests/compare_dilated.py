@@ -19,19 +19,18 @@ perf_tests/with_torch.sh, which provides torch, einops and torchscale:
 import argparse
 import json
 import os
-import subprocess
 import sys
 import warnings
 
-from timing import seconds_per_step
+from timing import run_benchmark, seconds_per_step
 
 
 def longattn_seconds(bench, mode, tokens, threads):
     name = {"forward": "BM_DilatedForward", "forward+backward": "BM_DilatedForwardBackward"}[mode]
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), OMP_PROC_BIND="false")
     case = f"{name}/{tokens}/1/0/"  # head_groups, non-causal
-    out = subprocess.run([bench, f"--benchmark_filter=^{case}", "--benchmark_format=json",
-                          "--benchmark_min_time=0.5"], env=env, check=True, capture_output=True, text=True).stdout
+    out = run_benchmark([bench, f"--benchmark_filter=^{case}", "--benchmark_format=json",
+                         "--benchmark_min_time=0.5"], env)
     runs = json.loads(out)["benchmarks"]
     if not runs:
         sys.exit(f"{bench} ran no benchmark {case}")

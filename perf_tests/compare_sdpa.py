@@ -24,10 +24,9 @@ virtual environment); nothing in the build or the tests uses it.
 import argparse
 import json
 import os
-import subprocess
 import sys
 
-from timing import seconds_per_step
+from timing import run_benchmark, seconds_per_step
 
 
 BENCH_TYPES = {"fp32": "float", "bf16": "longattn::bfloat16"}
@@ -37,10 +36,9 @@ def longattn_gflops(bench, mode, dtype, tokens, head_dim, causal, threads, devic
     name = {"forward": "BM_AttentionForward", "forward+backward": "BM_AttentionForwardBackward"}[mode]
     types = BENCH_TYPES[dtype] + (", Kokkos::Cuda" if device == "cuda" else "")
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), OMP_PROC_BIND="false")
-    out = subprocess.run(
+    out = run_benchmark(
         [bench, f"--benchmark_filter=^{name}<{types}>/{tokens}/{head_dim}/{int(causal)}/",
-         "--benchmark_format=json", "--benchmark_min_time=0.5"],
-        env=env, check=True, capture_output=True, text=True).stdout
+         "--benchmark_format=json", "--benchmark_min_time=0.5"], env)
     runs = json.loads(out)["benchmarks"]
     if not runs:
         sys.exit(f"{bench} ran no benchmark for {name}<{types}>/{tokens}/{head_dim}/{int(causal)}")
