@@ -542,29 +542,23 @@ void AttentionKernels<ExecSpace, S, Pattern, Tiles>::backward(const Context& con
                        Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(
                            exec, 0, std::int64_t(geo.batch) * geo.heads * geo.queries),
                        DeltaKernel<ExecSpace, S>{o, d_o, delta.view(), geo.heads, geo.queries, geo.head_dim});
+  // The dK/dV kernel of the two-pass form (std::false_type) or of the one pass (std::true_type),
+  // streaming Q and dO (from head-major copies where opts ask for them, kept alive in the copies).
+  auto key_gradient_kernel = [&](auto one_pass_form, Copy& q_copy, Copy& d_o_copy) {
+    return KeyGradientKernel<ExecSpace, S, Pattern, Tiles, decltype(one_pass_form)::value>{
+        streamed_tensor(context, opts, q, q_copy), k, v, streamed_tensor(context, opts, d_o, d_o_copy), lse,
+        delta.view(), dk, dv, geo, pattern, scale_log2, T(opts.output_scale), opts.accumulate_gradients, 0};
+  };
   if (!one_pass(exec, geo, opts.backward_passes)) {
-    {  // the dK/dV pass streams Q and dO
+    {  // Q's and dO's copies go back to the pool before K's and V's are taken
       Copy q_copy, d_o_copy;
-      KeyGradientKernel<ExecSpace, S, Pattern, Tiles> key_gradient{streamed_tensor(context, opts, q, q_copy),
-                                                                   k,
-                                                                   v,
-                                                                   streamed_tensor(context, opts, d_o, d_o_copy),
-                                                                   lse,
-                                                                   delta.view(),
-                                                                   dk,
-                                                                   dv,
-                                                                   geo,
-                                                                   pattern,
-                                                                   scale_log2,
-                                                                   T(opts.output_scale),
-                                                                   opts.accumulate_gradients,
-                                                                   0};
+      auto key_gradient = key_gradient_kernel(std::false_type(), q_copy, d_o_copy);
       key_gradient.bf16_products = bf16_products(key_gradient);
       run_team_kernel("longattn::attention_backward::dk_dv", exec, key_gradient);
     }
     Copy k_copy, v_copy;  // the dQ pass streams K and V
     QueryGradientKernel<ExecSpace, S, Pattern, Tiles> query_gradient{
-        q,  streamed_tensor(context, opts, k, k_copy), streamed_tensor(context, opts, v, v_copy), d_o, lse, delta.view(),
+        q, streamed_tensor(context, opts, k, k_copy), streamed_tensor(context, opts, v, v_copy), d_o, lse, delta.view(),
         dq, geo, pattern, T(scale), scale_log2, T(opts.output_scale), opts.accumulate_gradients, 0};
     query_gradient.bf16_products = bf16_products(query_gradient);
     run_team_kernel("longattn::attention_backward::dq", exec, query_gradient);
@@ -592,21 +586,8 @@ void AttentionKernels<ExecSpace, S, Pattern, Tiles>::backward(const Context& con
     for_each_query_row("longattn::attention_backward::zero_dq", exec, geo, KOKKOS_LAMBDA(int b, int i, int h) {
       for (int d = 0; d < head_dim; ++d) dq_sum(b, i, h, d) = T(0);
     });
-  Copy q_copy, d_o_copy;  // the pass streams Q and dO
-  KeyGradientKernel<ExecSpace, S, Pattern, Tiles, true> kernel{streamed_tensor(context, opts, q, q_copy),
-                                                               k,
-                                                               v,
-                                                               streamed_tensor(context, opts, d_o, d_o_copy),
-                                                               lse,
-                                                               delta.view(),
-                                                               dk,
-                                                               dv,
-                                                               geo,
-                                                               pattern,
-                                                               scale_log2,
-                                                               T(opts.output_scale),
-                                                               opts.accumulate_gradients,
-                                                               0};
+  Copy q_copy, d_o_copy;
+  auto kernel = key_gradient_kernel(std::true_type(), q_copy, d_o_copy);
   kernel.dq_sum = dq_sum;
   kernel.scale = T(scale);
   kernel.bf16_products = bf16_products(kernel);
