@@ -5,9 +5,9 @@
 //
 // A configuration is a type with
 //   static constexpr int team_size;      threads per team
-//   static constexpr bool reads_rows_in_place;  whether a streamed block whose rows lie together
-//                                        in the tensor ([count][D], T) is read where it is
-//                                        instead of copied into scratch
+//   static constexpr bool reads_rows_in_place;  optional (false when absent): whether a streamed
+//                                        block whose rows lie together in the tensor
+//                                        ([count][D], T) is read where it is, not copied to scratch
 //   template <class T> struct shape {    for the accumulation type T:
 //     static constexpr int block;        tokens per block (block patterns are in these units)
 //     static constexpr int rows, packs;  a micro-tile: rows x packs accumulators, in registers
@@ -54,8 +54,7 @@ struct SimdTiles {
 template <int TeamSize>
 struct ThreadTiles {
   static_assert(TeamSize >= 1, "a team has at least one thread");
-  static constexpr int team_size = TeamSize;
-  static constexpr bool reads_rows_in_place = false;  // a GPU stages every block in shared memory
+  static constexpr int team_size = TeamSize;  // no reads_rows_in_place: a GPU stages every block
   template <class T>
   struct shape {
     static constexpr int lanes = 1;
@@ -64,6 +63,13 @@ struct ThreadTiles {
     static constexpr int block = 64;
   };
 };
+
+// Tiles::reads_rows_in_place, false for a configuration that does not say.
+template <class Tiles, class = void>
+struct reads_rows_in_place : std::false_type {};
+template <class Tiles>
+struct reads_rows_in_place<Tiles, std::void_t<decltype(Tiles::reads_rows_in_place)>>
+    : std::bool_constant<Tiles::reads_rows_in_place> {};
 
 // Stands for the execution space's own configuration.
 struct DefaultTiles {};

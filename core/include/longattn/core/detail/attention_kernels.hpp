@@ -174,7 +174,7 @@ KOKKOS_INLINE_FUNCTION void load_rows(const Member& team, const A& a, const B& b
 // T (head-major copies, attention.hpp); else nullptr (then the kernel copies them to scratch).
 template <class Tiles, class T, class Tensor>
 KOKKOS_INLINE_FUNCTION const T* rows_in_place(const Tensor& x, int b, int h, int first) {
-  if constexpr (Tiles::reads_rows_in_place && std::is_same_v<typename Tensor::value_type, const T>) {
+  if constexpr (reads_rows_in_place<Tiles>::value && std::is_same_v<typename Tensor::value_type, const T>) {
     if (x.stride(3) == 1 && x.stride(1) == x.extent(3)) return &x(b, first, h, 0);
   } else {
     (void)x, (void)b, (void)h, (void)first;
