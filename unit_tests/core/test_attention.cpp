@@ -932,6 +932,14 @@ TEST_CASE("attention rejects bad input with a longattn::Error naming the argumen
   CHECK_THROWS_WITH(longattn::attention_forward(exec, Kokkos::View<int****, Kokkos::HostSpace>("q", 1, 10, 2, 16), k, v, o, lse),
                     Catch::Contains("expected float, double, bfloat16 or float16"));
 
+  CHECK_THROWS_WITH(longattn::attention_forward_workspace_bytes<float>(1, 2, -12, 16),
+                    Catch::Contains("attention_forward_workspace_bytes: argument 'keys' is -12, expected a count >= 0"));
+  CHECK_THROWS_WITH(longattn::attention_forward_workspace_bytes<float>(-1, 2, 12, 16), Catch::Contains("'batch' is -1"));
+  CHECK_THROWS_WITH(longattn::attention_backward_workspace_bytes<float>(1, 2, 10, -16),
+                    Catch::Contains("attention_backward_workspace_bytes: argument 'head_dim' is -16, expected a count >= 0"));
+  CHECK_THROWS_WITH(longattn::attention_backward_workspace_bytes<float>(1, 2, 10, 16, -1), Catch::Contains("'keys' is -1"));
+  CHECK(longattn::attention_forward_workspace_bytes<float>(0, 2, 12, 16) == 0);
+
   CHECK_THROWS_WITH(longattn::merge_partial(exec, o, lse, o, lse), Catch::Contains("argument 'o' is overlapping o_part"));
   CHECK_THROWS_WITH(longattn::merge_partial(exec, o, lse, F4("part", 1, 10, 2, 8), F3("lse", 1, 2, 10)),
                     Catch::Contains("'o_part's extents'"));

@@ -107,6 +107,11 @@ constexpr int attention_block_size() {
 // (AttentionOptions::head_major_copies; nothing on a device space or without them).
 template <class T>
 std::size_t attention_forward_workspace_bytes(int batch, int heads, int keys, int head_dim) {
+  const char* where = "longattn::attention_forward_workspace_bytes";
+  require(batch >= 0, where, "batch", batch, "a count >= 0");
+  require(heads >= 0, where, "heads", heads, "a count >= 0");
+  require(keys >= 0, where, "keys", keys, "a count >= 0");
+  require(head_dim >= 0, where, "head_dim", head_dim, "a count >= 0");
   return 2 * std::size_t(batch) * heads * keys * head_dim * sizeof(T);
 }
 
@@ -115,6 +120,12 @@ std::size_t attention_forward_workspace_bytes(int batch, int heads, int keys, in
 // the key count is larger).
 template <class T>
 std::size_t attention_backward_workspace_bytes(int batch, int heads, int queries, int head_dim, int keys = 0) {
+  const char* where = "longattn::attention_backward_workspace_bytes";
+  require(batch >= 0, where, "batch", batch, "a count >= 0");
+  require(heads >= 0, where, "heads", heads, "a count >= 0");
+  require(queries >= 0, where, "queries", queries, "a count >= 0");
+  require(head_dim >= 0, where, "head_dim", head_dim, "a count >= 0");
+  require(keys >= 0, where, "keys", keys, "a count >= 0 (0: as many as queries)");
   const std::size_t rows = std::size_t(batch) * heads;
   const std::size_t tokens = std::size_t(keys > queries ? keys : queries);
   return rows * queries * (1 + std::size_t(head_dim)) * sizeof(accumulate_t<T>) +
@@ -438,6 +449,10 @@ Tensor4<T, ExecSpace> head_major_view(T* data, std::size_t batch, std::size_t to
                                                           tokens * head_dim, head_dim, 1));
 }
 
+// Pool memory holding a head-major copy of a tensor of S (or dQ's head-major sums).
+template <class ExecSpace, class S>
+using HeadMajorMemory = memory::PooledView<Kokkos::View<S*, typename ExecSpace::memory_space>>;
+
 // Whether the kernels should stream x from a head-major copy (AttentionOptions::head_major_copies):
 // on host spaces, where a head's rows are not together already.
 template <class ExecSpace, class View>
@@ -452,7 +467,7 @@ bool wants_head_major_copy(const AttentionOptions& opts, const View& x) {
 template <class ExecSpace, class S>
 Tensor4<const S, ExecSpace> streamed_tensor(const ExecutionContext<ExecSpace>& context, const AttentionOptions& opts,
                                             const Tensor4<const S, ExecSpace>& x,
-                                            memory::PooledView<Kokkos::View<S*, typename ExecSpace::memory_space>>& memory) {
+                                            HeadMajorMemory<ExecSpace, S>& memory) {
   if (!wants_head_major_copy<ExecSpace>(opts, x)) return x;
   const std::size_t B = x.extent(0), N = x.extent(1), H = x.extent(2), D = x.extent(3);
   memory = context.template allocate<Kokkos::View<S*, typename ExecSpace::memory_space>>(B * H * N * D);
@@ -478,7 +493,7 @@ struct AttentionKernels {
   using Output = Tensor4<S, ExecSpace>;
   using Delta = Kokkos::View<T***, typename ExecSpace::memory_space>;  // [B, H, Nq]
   using Context = ExecutionContext<ExecSpace>;
-  using Copy = memory::PooledView<Kokkos::View<S*, typename ExecSpace::memory_space>>;  // a head-major copy
+  using Copy = HeadMajorMemory<ExecSpace, S>;
 
   // Workspaces (head-major copies; backward's Delta and dQ's sums) from the context's pool.
   static void forward(const Context& context, const Input& q, const Input& k, const Input& v, const Output& o,
