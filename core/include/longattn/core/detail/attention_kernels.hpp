@@ -182,13 +182,68 @@ KOKKOS_INLINE_FUNCTION const T* rows_in_place(const Tensor& x, int b, int h, int
   return nullptr;
 }
 
+// Prefetches part `part` of `parts` of rows [first, first + count) of a tensor's (b, h) slice,
+// a cache line at a time (ForWrite: for writing). Called from tile_mma's after_tile hook with the
+// next block's rows, and before a block is loaded or stored.
+template <bool ForWrite = false, class Tensor>
+KOKKOS_INLINE_FUNCTION void prefetch_rows(const Tensor& x, int b, int h, int first, int count,
+                                          int head_dim, int part, int parts) {
+  constexpr int line = 64 / sizeof(typename Tensor::value_type);
+  const int begin = first + part * count / parts, end = first + (part + 1) * count / parts;
+  for (int j = begin; j < end; ++j)
+    for (int d = 0; d < head_dim; d += line) {
+      if constexpr (ForWrite)
+        prefetch_for_write(&x(b, j, h, d));
+      else
+        prefetch(&x(b, j, h, d));
+    }
+}
+
 // Copies rows [first, first + count) of a tensor's (b, h) slice to scratch transposed, [d][L]
-// (tokens along the lanes), times `factor`; lanes from `count` on are zero.
+// (tokens along the lanes), times `factor`; lanes from `count` on are zero. A thread reads whole
+// rows: a block's column walks rows H D elements apart, which share one L1 set at D = 128 and
+// evict each other before the next column comes back to them.
 template <int L, class Member, class T, class Tensor>
 KOKKOS_INLINE_FUNCTION void load_transposed(const Member& team, const Tensor& x, int b, int h, int first,
                                             int count, int head_dim, T factor, T* out) {
-  Kokkos::parallel_for(Kokkos::TeamThreadRange(team, head_dim), [&](int d) {
-    for (int i = 0; i < L; ++i) out[d * L + i] = i < count ? x(b, first + i, h, d) * factor : T(0);
+  // Every line is asked for first: each load feeds head_dim scattered stores, which fill the
+  // store buffer, so the loads alone would wait on their misses one at a time.
+  Kokkos::parallel_for(Kokkos::TeamThreadRange(team, count),
+                       [&](int i) { prefetch_rows(x, b, h, first + i, 1, head_dim, 0, 1); });
+  Kokkos::parallel_for(Kokkos::TeamThreadRange(team, L), [&](int i) {
+    if (i < count)
+      for (int d = 0; d < head_dim; ++d) out[d * L + i] = x(b, first + i, h, d) * factor;
+    else
+      for (int d = 0; d < head_dim; ++d) out[d * L + i] = T(0);
+  });
+}
+
+// Writes rows [first, first + count) of a tensor's (b, h) slice from the columns of a transposed
+// scratch block t[D][L] (tokens along the lanes): row j = factor(j) t[.][j], plus what the row
+// holds when accumulating, converted to the tensor's type. Each column is gathered into a row of
+// `rows` (scratch of [count][D], free to overwrite) and written as a row: with the head dim
+// contiguous a loop of vector stores, where one store per value, to lines that miss, fills the
+// store buffer. The rows' lines are asked for first.
+template <int L, class Member, class Tensor, class T, class Factor>
+KOKKOS_INLINE_FUNCTION void store_transposed(const Member& team, const Tensor& x, int b, int h, int first, int count,
+                                             int head_dim, const T* t, const Factor& factor, bool accumulate,
+                                             T* rows) {
+  using S = typename Tensor::value_type;
+  Kokkos::parallel_for(Kokkos::TeamThreadRange(team, count),
+                       [&](int j) { prefetch_rows<true>(x, b, h, first + j, 1, head_dim, 0, 1); });
+  Kokkos::parallel_for(Kokkos::TeamThreadRange(team, count), [&](int j) {
+    T* row = rows + j * head_dim;
+    const T f = factor(j);
+    for (int d = 0; d < head_dim; ++d) row[d] = t[d * L + j] * f;
+    if (x.stride(3) == 1) {
+      S* out = &x(b, first + j, h, 0);
+      if (accumulate)
+        for (int d = 0; d < head_dim; ++d) out[d] = S(T(out[d]) + row[d]);
+      else
+        for (int d = 0; d < head_dim; ++d) out[d] = S(row[d]);
+    } else {
+      for (int d = 0; d < head_dim; ++d) x(b, first + j, h, d) = S((accumulate ? T(x(b, first + j, h, d)) : T(0)) + row[d]);
+    }
   });
 }
 
@@ -204,17 +259,6 @@ template <class T>
 KOKKOS_INLINE_FUNCTION constexpr T ln_2() { return T(0.69314718055994530942); }
 template <class T>
 KOKKOS_INLINE_FUNCTION constexpr T minus_infinity() { return -math::infinity<T>(); }
-
-// Prefetches part `part` of `parts` of rows [first, first + count) of a tensor's (b, h) slice,
-// a cache line at a time. Called from tile_mma's after_tile hook with the next block's rows.
-template <class Tensor>
-KOKKOS_INLINE_FUNCTION void prefetch_rows(const Tensor& x, int b, int h, int first, int count,
-                                          int head_dim, int part, int parts) {
-  constexpr int line = 64 / sizeof(typename Tensor::value_type);
-  const int begin = first + part * count / parts, end = first + (part + 1) * count / parts;
-  for (int j = begin; j < end; ++j)
-    for (int d = 0; d < head_dim; d += line) prefetch(&x(b, j, h, d));
-}
 
 // ---------------------------------------------------------------------------------------------
 // The bf16 path: bfloat16 tensors on a host space where the CPU's bf16 dot products are in use
@@ -361,6 +405,19 @@ KOKKOS_INLINE_FUNCTION void bf16_tile_mma(const Member& team, Bf16PairProduct pr
 #endif
 }
 
+// The lane-wise maximum of `start` and rows [0, count) of a pack-wide column (rows ld apart).
+// Four independent chains: one would wait out a max's latency on every row (4% of the forward
+// pass at D = 64). The maximum is the same in any order.
+template <class P, class T>
+KOKKOS_INLINE_FUNCTION P column_max(const T* column, int ld, int count, P start) {
+  P chains[4] = {start, start, start, start};
+  int j = 0;
+  for (; j + 4 <= count; j += 4)
+    LONGATTN_UNROLL for (int c = 0; c < 4; ++c) chains[c] = max(chains[c], P::load(column + (j + c) * ld));
+  for (; j < count; ++j) chains[0] = max(chains[0], P::load(column + j * ld));
+  return max(max(chains[0], chains[1]), max(chains[2], chains[3]));
+}
+
 // ---------------------------------------------------------------------------------------------
 // Forward. Scratch (L = block tokens, D = head dim): Qt[D][L] (queries along lanes), K and V
 // blocks [L][D] (unless read in place, rows_in_place), St[L][L] (scores, then probabilities, key-major), Ot[D][L] (unnormalized
@@ -479,8 +536,7 @@ struct ForwardKernel {
       Kokkos::parallel_for(Kokkos::TeamThreadRange(team, L / W), [&](int pack) {
         const int i = pack * W;
         const P m_old = P::load(m + i);
-        P m_new = m_old;
-        for (int j = 0; j < k_count; ++j) m_new = max(m_new, P::load(st + j * L + i));
+        const P m_new = column_max(st + i, L, k_count, m_old);
         // Rows with every key masked so far keep m = -inf; subtract 0 there, not -inf.
         const P m_ref = select_equal(m_new, minus_infinity<T>(), P::broadcast(T(0)));
         const P alpha = exp2(m_old - m_ref);
@@ -514,11 +570,16 @@ struct ForwardKernel {
     }
 
     // O = output_scale Ot / l; LSE = ln(2) (m + log2 l). A query that sees no key gets O = 0,
-    // LSE = -inf; a NaN denominator (NaN inputs, overflowed scores) stays NaN in both.
+    // LSE = -inf; a NaN denominator (NaN inputs, overflowed scores) stays NaN in both. Each
+    // query's column of Ot is gathered into its row of the K block's scratch (free now), then
+    // stored as a row.
+    auto inverse = [&](int i) {
+      const T sum = l[i];
+      return sum > T(0) ? output_scale / sum : sum == T(0) ? T(0) : sum;
+    };
+    store_transposed<L>(team, o, b, h, q_first, q_count, D, ot, inverse, false, ks);
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, q_count), [&](int i) {
       const T sum = l[i];
-      const T inverse = sum > T(0) ? output_scale / sum : sum == T(0) ? T(0) : sum;
-      for (int d = 0; d < D; ++d) o(b, q_first + i, h, d) = S(ot[d * L + i] * inverse);
       lse(b, h, q_first + i) =
           sum > T(0) ? (m[i] + math::log2(sum)) * ln_2<T>() : sum == T(0) ? minus_infinity<T>() : sum;
     });
@@ -773,16 +834,11 @@ struct KeyGradientKernel {
     }
     barrier();
 
-    // dK = scale * dS^T Q, dV = output_scale * P^T dO (the products took Q and dO as they are).
+    // dK = scale * dS^T Q, dV = output_scale * P^T dO (the products took Q and dO as they are),
+    // through the Q and dO blocks' scratch, free now.
     const T dk_scale = scale_log2 * ln_2<T>();
-    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, k_count), [&](int j) {
-      for (int d = 0; d < D; ++d) {
-        S& dk_out = dk(b, k_first + j, h, d);
-        S& dv_out = dv(b, k_first + j, h, d);
-        dk_out = S((accumulate ? T(dk_out) : T(0)) + dkt[d * L + j] * dk_scale);
-        dv_out = S((accumulate ? T(dv_out) : T(0)) + dvt[d * L + j] * output_scale);
-      }
-    });
+    store_transposed<L>(team, dk, b, h, k_first, k_count, D, dkt, [&](int) { return dk_scale; }, accumulate, qs);
+    store_transposed<L>(team, dv, b, h, k_first, k_count, D, dvt, [&](int) { return output_scale; }, accumulate, dos);
   }
 };
 
@@ -929,12 +985,7 @@ struct QueryGradientKernel {
     }
     barrier();
 
-    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, q_count), [&](int i) {
-      for (int d = 0; d < D; ++d) {
-        S& dq_out = dq(b, q_first + i, h, d);
-        dq_out = S((accumulate ? T(dq_out) : T(0)) + dqt[d * L + i] * scale);
-      }
-    });
+    store_transposed<L>(team, dq, b, h, q_first, q_count, D, dqt, [&](int) { return scale; }, accumulate, ks);
   }
 };
 

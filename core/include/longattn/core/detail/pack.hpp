@@ -25,6 +25,17 @@
 #endif
 #endif
 
+// Unrolls the loop that follows completely (its trip count a compile-time constant). Loops over
+// a micro-tile's registers need it: GCC 12 leaves the store loop of a 4 x 4 tile rolled, keeps
+// the accumulators in a stack array and copies them out (2.5% of the forward pass).
+#if defined(__CUDACC__) || defined(__HIPCC__)
+#define LONGATTN_UNROLL _Pragma("unroll")
+#elif defined(__GNUC__)
+#define LONGATTN_UNROLL _Pragma("GCC unroll 64")
+#else
+#define LONGATTN_UNROLL
+#endif
+
 namespace longattn::detail {
 
 // Bytes in one SIMD register of the host this code is compiled for.
@@ -43,6 +54,16 @@ inline constexpr int host_simd_bytes = 16;
 KOKKOS_INLINE_FUNCTION void prefetch(const void* p) {
 #if defined(__GNUC__) && !defined(__CUDA_ARCH__)
   __builtin_prefetch(p, 0, 2);
+  asm volatile("");
+#else
+  (void)p;
+#endif
+}
+// The same for a line about to be written: a store that misses waits in the store buffer for
+// the line, and a row of them fills it.
+KOKKOS_INLINE_FUNCTION void prefetch_for_write(const void* p) {
+#if defined(__GNUC__) && !defined(__CUDA_ARCH__)
+  __builtin_prefetch(p, 1, 2);
   asm volatile("");
 #else
   (void)p;

@@ -16,19 +16,19 @@ KOKKOS_INLINE_FUNCTION void micro_tile_mma(int depth, const T* a, int a_row_stri
                                            int ldc, bool accumulate) {
   using P = Pack<T, W>;
   P acc[R][V];
-  for (int r = 0; r < R; ++r)
-    for (int v = 0; v < V; ++v)
+  LONGATTN_UNROLL for (int r = 0; r < R; ++r)
+    LONGATTN_UNROLL for (int v = 0; v < V; ++v)
       acc[r][v] = accumulate ? P::load(c + r * ldc + v * W) : P::broadcast(T(0));
   for (int k = 0; k < depth; ++k) {
     P b_k[V];
-    for (int v = 0; v < V; ++v) b_k[v] = P::load(b + k * ldb + v * W);
-    for (int r = 0; r < R; ++r) {
+    LONGATTN_UNROLL for (int v = 0; v < V; ++v) b_k[v] = P::load(b + k * ldb + v * W);
+    LONGATTN_UNROLL for (int r = 0; r < R; ++r) {
       const T a_rk = a[r * a_row_stride + k * a_depth_stride];
-      for (int v = 0; v < V; ++v) acc[r][v] = fma(a_rk, b_k[v], acc[r][v]);
+      LONGATTN_UNROLL for (int v = 0; v < V; ++v) acc[r][v] = fma(a_rk, b_k[v], acc[r][v]);
     }
   }
-  for (int r = 0; r < R; ++r)
-    for (int v = 0; v < V; ++v) acc[r][v].store(c + r * ldc + v * W);
+  LONGATTN_UNROLL for (int r = 0; r < R; ++r)
+    LONGATTN_UNROLL for (int v = 0; v < V; ++v) acc[r][v].store(c + r * ldc + v * W);
 }
 
 // Does nothing after a micro-tile.
