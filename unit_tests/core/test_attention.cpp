@@ -944,3 +944,35 @@ TEST_CASE("attention rejects bad input with a longattn::Error naming the argumen
   CHECK_THROWS_WITH(longattn::merge_partial(exec, o, lse, F4("part", 1, 10, 2, 8), F3("lse", 1, 2, 10)),
                     Catch::Contains("'o_part's extents'"));
 }
+
+// The kernels' exp2 (detail/pack.hpp) on the host's SIMD width and on one lane, against
+// std::exp2 in double: every float in [-2, 0] with a 2^-20 step, a grid down to -160, and the
+// special values the softmax feeds it (-inf for a masked score, NaN).
+template <int W>
+void check_exp2_lanes() {
+  using P = longattn::detail::Pack<float, W>;
+  double worst = 0;
+  auto check = [&](float x) {
+    const float got = longattn::detail::exp2(P::broadcast(x))[W - 1];
+    const double want = std::exp2(double(x));
+    if (x >= -126) {
+      const double error = std::abs(got - want) / want;
+      worst = std::max(worst, error);
+      if (error > 2.5e-7) FAIL("exp2(" << x << ") = " << got << ", expected " << want);
+    } else {
+      if (!(std::abs(got - want) <= 0x1p-126)) FAIL("exp2(" << x << ") = " << got << ", expected " << want);
+      if (x <= -151 && got != 0) FAIL("exp2(" << x << ") = " << got << ", expected exactly 0");
+    }
+  };
+  for (int step = 0; step <= (2 << 20); ++step) check(-float(step) * 0x1p-20f);
+  for (int step = 0; step <= 160 * 1000; ++step) check(-float(step) / 1000);
+  INFO("lanes " << W << ", worst relative error " << worst);
+  CHECK(worst < 2.5e-7);
+  CHECK(longattn::detail::exp2(P::broadcast(-std::numeric_limits<float>::infinity()))[0] == 0.0f);
+  CHECK(std::isnan(longattn::detail::exp2(P::broadcast(std::numeric_limits<float>::quiet_NaN()))[0]));
+}
+
+TEST_CASE("the kernels' exp2 is within 2.5e-7 of exp2, 0 below -151, NaN for NaN", "[core][attention]") {
+  check_exp2_lanes<longattn::detail::host_simd_bytes / 4>();
+  check_exp2_lanes<1>();
+}
