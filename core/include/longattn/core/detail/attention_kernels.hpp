@@ -58,6 +58,11 @@ template <class T, class ExecSpace>
 using Tensor3 = Kokkos::View<T***, Kokkos::LayoutStride, typename ExecSpace::memory_space,
                              Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
 
+// index clamped to [0, L].
+KOKKOS_INLINE_FUNCTION int clamp_to_block(std::int64_t index, int L) {
+  return index < 0 ? 0 : index > L ? L : static_cast<int>(index);
+}
+
 // Sizes and masking rule shared by all kernels. A key at global position key_offset + j is
 // visible to the query at query_offset + i unless causal and key position > query position.
 struct AttentionGeometry {
@@ -65,12 +70,19 @@ struct AttentionGeometry {
   std::int64_t query_offset = 0, key_offset = 0;
   bool causal = false;
 
-  // Whether the block pair has any masked entry (then the kernel masks element-wise).
+  // Whether the block pair has any masked entry (then the kernel masks it, row by row).
   KOKKOS_INLINE_FUNCTION bool needs_mask(int query_first, int key_first, int key_count) const {
     return causal && key_offset + key_first + key_count - 1 > query_offset + query_first;
   }
-  KOKKOS_INLINE_FUNCTION bool masked(int query, int key) const {
-    return causal && key_offset + key > query_offset + query;
+  // The masked entries of a block of L queries from query_first and L keys from key_first, a row
+  // at a time: a key's row (queries along it) is masked on a prefix, a query's row on a suffix.
+  // Of the queries, how many from the first cannot see `key`.
+  KOKKOS_INLINE_FUNCTION int queries_not_seeing(int key, int query_first, int L) const {
+    return causal ? clamp_to_block(key_offset + key - query_offset - query_first, L) : 0;
+  }
+  // Of the keys, the first one `query` cannot see (L: none).
+  KOKKOS_INLINE_FUNCTION int first_key_not_seen(int query, int key_first, int L) const {
+    return causal ? clamp_to_block(query_offset + query - key_offset - key_first + 1, L) : L;
   }
 };
 
@@ -526,8 +538,8 @@ struct ForwardKernel {
       barrier();
       if (geo.needs_mask(q_first, k_first, k_count)) {
         Kokkos::parallel_for(Kokkos::TeamThreadRange(team, k_count), [&](int j) {
-          for (int i = 0; i < L; ++i)
-            if (geo.masked(q_first + i, k_first + j)) st[j * L + i] = minus_infinity<T>();
+          const int masked = geo.queries_not_seeing(k_first + j, q_first, L);
+          for (int i = 0; i < masked; ++i) st[j * L + i] = minus_infinity<T>();
         });
         barrier();
       }
@@ -785,8 +797,8 @@ struct KeyGradientKernel {
       // Keys past the end of the sequence are masked too: their lanes hold zero-padded K.
       if (geo.needs_mask(q_first, k_first, k_count) || k_count < L) {
         Kokkos::parallel_for(Kokkos::TeamThreadRange(team, q_count), [&](int i) {
-          for (int j = 0; j < L; ++j)
-            if (j >= k_count || geo.masked(q_first + i, k_first + j)) s[i * L + j] = minus_infinity<T>();
+          const int seen = geo.first_key_not_seen(q_first + i, k_first, L);
+          for (int j = seen < k_count ? seen : k_count; j < L; ++j) s[i * L + j] = minus_infinity<T>();
         });
         barrier();
       }
@@ -961,8 +973,8 @@ struct QueryGradientKernel {
       barrier();
       if (geo.needs_mask(q_first, k_first, k_count)) {
         Kokkos::parallel_for(Kokkos::TeamThreadRange(team, k_count), [&](int j) {
-          for (int i = 0; i < L; ++i)
-            if (geo.masked(q_first + i, k_first + j)) st[j * L + i] = minus_infinity<T>();
+          const int masked = geo.queries_not_seeing(k_first + j, q_first, L);
+          for (int i = 0; i < masked; ++i) st[j * L + i] = minus_infinity<T>();
         });
         barrier();
       }
