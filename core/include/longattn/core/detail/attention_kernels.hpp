@@ -203,12 +203,7 @@ KOKKOS_INLINE_FUNCTION void prefetch_rows(const Tensor& x, int b, int h, int fir
   constexpr int line = 64 / sizeof(typename Tensor::value_type);
   const int begin = first + part * count / parts, end = first + (part + 1) * count / parts;
   for (int j = begin; j < end; ++j)
-    for (int d = 0; d < head_dim; d += line) {
-      if constexpr (ForWrite)
-        prefetch_for_write(&x(b, j, h, d));
-      else
-        prefetch(&x(b, j, h, d));
-    }
+    for (int d = 0; d < head_dim; d += line) prefetch<ForWrite>(&x(b, j, h, d));
 }
 
 // Copies rows [first, first + count) of a tensor's (b, h) slice to scratch transposed, [d][L]

@@ -47,23 +47,16 @@ inline constexpr int host_simd_bytes = 32;
 inline constexpr int host_simd_bytes = 16;
 #endif
 
-// Asks L2 for the line holding p ahead of use: the next block's rows (into L2, not L1, whose
-// 48 KiB the block products' operands fill). The empty asm is a side effect the compiler must
-// keep: without it GCC 12's IPA pure-const pass finds none in a function made of prefetches
-// (`__builtin_prefetch` has no side effect to it), marks the callers const and deletes every call.
+// Asks L2 for the line holding p ahead of use (ForWrite: to write it; a store that misses waits
+// in the store buffer for its line, and a row of them fills it): the next block's rows, into L2,
+// not L1, whose 48 KiB the block products' operands fill. The empty asm is a side effect the
+// compiler must keep: without it GCC 12's IPA pure-const pass finds none in a function made of
+// prefetches (`__builtin_prefetch` has no side effect to it), marks the callers const and
+// deletes every call.
+template <bool ForWrite = false>
 KOKKOS_INLINE_FUNCTION void prefetch(const void* p) {
 #if defined(__GNUC__) && !defined(__CUDA_ARCH__)
-  __builtin_prefetch(p, 0, 2);
-  asm volatile("");
-#else
-  (void)p;
-#endif
-}
-// The same for a line about to be written: a store that misses waits in the store buffer for
-// the line, and a row of them fills it.
-KOKKOS_INLINE_FUNCTION void prefetch_for_write(const void* p) {
-#if defined(__GNUC__) && !defined(__CUDA_ARCH__)
-  __builtin_prefetch(p, 1, 2);
+  __builtin_prefetch(p, ForWrite ? 1 : 0, 2);
   asm volatile("");
 #else
   (void)p;
