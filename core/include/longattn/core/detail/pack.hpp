@@ -27,10 +27,10 @@
 
 // Unrolls the loop that follows completely (its trip count a compile-time constant). Loops over
 // a micro-tile's registers need it: GCC 12 leaves the store loop of a 4 x 4 tile rolled, keeps
-// the accumulators in a stack array and copies them out (2.5% of the forward pass).
-#if defined(__CUDACC__) || defined(__HIPCC__)
-#define LONGATTN_UNROLL _Pragma("unroll")
-#elif defined(__GNUC__)
+// the accumulators in a stack array and copies them out (2.5% of the forward pass). Host GCC
+// only: nvcc's host pass hands `#pragma unroll` to GCC, which rejects it, and its device pass
+// unrolls these short loops by itself.
+#if defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__) && !defined(__HIPCC__)
 #define LONGATTN_UNROLL _Pragma("GCC unroll 64")
 #else
 #define LONGATTN_UNROLL
