@@ -42,6 +42,7 @@
 #include "longattn/core/execution_context.hpp"
 #include "longattn/core/detail/attention_kernels.hpp"
 #include "longattn/core/detail/eti.hpp"
+#include "longattn/core/detail/tensor_core/kernels.hpp"
 #include "longattn/checks.hpp"
 #include "longattn/error.hpp"
 
@@ -81,6 +82,11 @@ struct AttentionOptions {
   // for the instance (a debugging switch).
   bool check_finite = false;
   BackwardPasses backward_passes = BackwardPasses::automatic;
+  // The same gradients bit for bit from run to run. The host and portable kernels always give
+  // them; the tensor-core backward pass (Kokkos::Cuda, TensorCoreTiles) sums dQ in float with
+  // atomic adds in an order that varies, unless this asks for a dQ pass of its own (two passes,
+  // 7 block products instead of 5), as backward_passes = two does.
+  bool deterministic = false;
   // On a host space the kernels read the tensors they stream past a resident block (forward: K
   // and V; backward: Q and dO in the one-pass form and the dK/dV pass, K and V in the dQ pass)
   // from head-major copies ([B][H][N][D]: each head's rows together) that they take from the
@@ -480,6 +486,16 @@ Tensor4<const S, ExecSpace> streamed_tensor(const ExecutionContext<ExecSpace>& c
   return copy;
 }
 
+// Whether the tensor-core kernels are compiled for a call: storage type S 16-bit, and Tiles a
+// TensorCores configuration whose launcher runs on ExecSpace (attention_tiles.hpp).
+template <class ExecSpace, class S, class Tiles>
+constexpr bool tensor_cores_compiled() {
+  if constexpr (uses_tensor_cores<Tiles>::value && is_half_v<S>)
+    return Tiles::tensor_core_launch::template runs_on<ExecSpace>;
+  else
+    return false;
+}
+
 // The compiled entry points under attention_forward and attention_backward, one class per
 // (execution space, storage type S, block pattern, tile configuration). The members are
 // defined out of line (not inline), so that the `extern template` declarations of eti.hpp make
@@ -514,6 +530,14 @@ void AttentionKernels<ExecSpace, S, Pattern, Tiles>::forward(const Context& cont
                                                              const AttentionGeometry& geo, const Pattern& pattern,
                                                              const AttentionOptions& opts) {
   const double scale = softmax_scale(opts, geo.head_dim);
+  if constexpr (tensor_cores_compiled<ExecSpace, S, Tiles>()) {
+    using TensorCores = tensor_core::TensorCoreKernels<typename Tiles::tensor_core_launch, ExecSpace, S, Pattern>;
+    if (TensorCores::take(geo.head_dim, false, q, k, v, o)) {
+      TensorCores::forward(context, q, k, v, o, lse, geo, pattern, float(scale * log2_e<double>()),
+                           float(opts.output_scale), opts.accumulate_output);
+      return;
+    }
+  }
   Copy k_copy, v_copy;
   ForwardKernel<ExecSpace, S, Pattern, Tiles> kernel{q,
                                                      streamed_tensor(context, opts, k, k_copy),
@@ -552,6 +576,19 @@ void AttentionKernels<ExecSpace, S, Pattern, Tiles>::backward(const Context& con
   const ExecSpace& exec = context.exec();
   const double scale = softmax_scale(opts, geo.head_dim);
   const T scale_log2 = T(scale * log2_e<double>());
+  if constexpr (tensor_cores_compiled<ExecSpace, S, Tiles>()) {
+    using TensorCores = tensor_core::TensorCoreKernels<typename Tiles::tensor_core_launch, ExecSpace, S, Pattern>;
+    if (TensorCores::take(geo.head_dim, true, q, k, v, d_o, dq, dk, dv)) {
+      require(!opts.deterministic || opts.backward_passes != BackwardPasses::one, "longattn::attention_backward",
+              "opts.backward_passes", "one",
+              "two or automatic with opts.deterministic (on tensor cores the one-pass form sums dQ atomically)");
+      tensor_core::BackwardChoice choice;
+      choice.deterministic = opts.deterministic || opts.backward_passes == BackwardPasses::two;
+      TensorCores::backward(context, q, k, v, o, d_o, lse, dq, dk, dv, geo, pattern, float(scale),
+                            float(scale_log2), float(opts.output_scale), opts.accumulate_gradients, choice);
+      return;
+    }
+  }
   const auto delta = context.template allocate<Delta>(geo.batch, geo.heads, geo.queries);
   Kokkos::parallel_for("longattn::attention_backward::delta",
                        Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(

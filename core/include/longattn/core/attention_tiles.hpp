@@ -18,8 +18,15 @@
 // product (detail/tile_mma.hpp). `block` must be a multiple of packs x lanes.
 //
 //   SimdTiles         the host's: one thread per team, a pack is one SIMD register.
-//   ThreadTiles<N>    the GPU's: N threads per team, one lane per thread, 4 x 1 micro-tiles.
-//   DefaultTiles      the execution space's own (default_tiles_t): ThreadTiles<128> on
+//   ThreadTiles<N>    the portable GPU shape: N threads per team, one lane per thread, 4 x 1
+//                     micro-tiles.
+//   TensorCoreTiles   Kokkos::Cuda's: the tensor-core kernels (detail/tensor_core/) for the calls
+//                     they take (bfloat16 and float16 tensors, head dims 64 and 128, forward
+//                     also 256, rows of 16-byte chunks), ThreadTiles<128> for the rest.
+//   EmulatedTensorCoreTiles  the tensor-core kernels on a host space through the lane-exact
+//                     emulation of the warps (detail/tensor_core/emulated_warp.hpp: slow, for
+//                     tests and debugging), SimdTiles for the rest.
+//   DefaultTiles      the execution space's own (default_tiles_t): TensorCoreTiles on
 //                     Kokkos::Cuda, SimdTiles on the host spaces.
 // attention_forward<Tiles>(...) and the functions above it take one as their first template
 // argument; the library's compiled kernels (ETI) are those of DefaultTiles.
@@ -50,7 +57,8 @@ struct SimdTiles {
 };
 
 // One lane per thread: a 64 x 64 product is 1024 micro-tiles of 4 x 1, 8 per thread of a
-// 128-thread team. Correct and portable; tensor-core kernels for Hopper would be a third shape.
+// 128-thread team. Correct and portable; the tensor-core kernels (TensorCores, below) replace it
+// on Kokkos::Cuda for the calls they take.
 template <int TeamSize>
 struct ThreadTiles {
   static_assert(TeamSize >= 1, "a team has at least one thread");
@@ -63,6 +71,28 @@ struct ThreadTiles {
     static constexpr int block = 64;
   };
 };
+
+namespace detail::tensor_core {
+struct EmulatedLaunch;  // detail/tensor_core/kernels.hpp
+struct CudaLaunch;
+}  // namespace detail::tensor_core
+
+// The tensor-core kernels where they take the call (Launch: how their CTAs run), the kernels of
+// the configuration Fallback (whose shape this one has) elsewhere.
+template <class Launch, class Fallback>
+struct TensorCores : Fallback {
+  using tensor_core_launch = Launch;
+};
+using EmulatedTensorCoreTiles = TensorCores<detail::tensor_core::EmulatedLaunch, SimdTiles>;
+#ifdef KOKKOS_ENABLE_CUDA
+using TensorCoreTiles = TensorCores<detail::tensor_core::CudaLaunch, ThreadTiles<128>>;
+#endif
+
+// Whether a configuration runs the tensor-core kernels where they take the call.
+template <class Tiles, class = void>
+struct uses_tensor_cores : std::false_type {};
+template <class Tiles>
+struct uses_tensor_cores<Tiles, std::void_t<typename Tiles::tensor_core_launch>> : std::true_type {};
 
 // Tiles::reads_rows_in_place, false for a configuration that does not say.
 template <class Tiles, class = void>
@@ -81,7 +111,7 @@ struct default_tiles {
 #ifdef KOKKOS_ENABLE_CUDA
 template <>
 struct default_tiles<Kokkos::Cuda> {
-  using type = ThreadTiles<128>;
+  using type = TensorCoreTiles;
 };
 #endif
 

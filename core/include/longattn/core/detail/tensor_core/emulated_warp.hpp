@@ -1,0 +1,110 @@
+// EmulatedWarp: the warp-level operations of warp_ops.hpp on the host, lane-exact, so that the
+// tensor-core kernels' fragment and index code runs and is checked without a GPU.
+//
+// Emulator::run(program, ctas) runs program(cta, shared) for every CTA of a grid, one CTA at a
+// time on the calling thread, each of its Program::threads threads a fiber with its own stack.
+// A thread runs until it reaches a collective (a warp operation or a CTA barrier) and waits
+// there until its warp's 32 lanes (or the CTA's threads) have arrived; the last to arrive
+// computes the collective for all. The collectives are computed from the PTX ISA's tables
+// (emulator.cpp), independently of fragments.hpp, which the kernels use: a wrong index in the
+// kernels gives wrong results here.
+//
+// What the emulation checks, each failure a longattn::Error naming the CTA and thread:
+//   - a warp's lanes reach the same collective (no divergence inside one);
+//   - every CTA thread reaches each barrier (no thread finishes while others wait);
+//   - shared-memory accesses stay inside the CTA's dynamic shared memory and are aligned
+//     (ldmatrix rows and cp.async to 16 bytes);
+//   - no race on shared memory: between two CTA barriers a 4-byte word written by one thread is
+//     not read or written by a thread of another warp (nor of the same warp without a
+//     sync_warp between), and a cp.async in flight (issued, not yet waited for by its thread)
+//     is not read, nor issued over data another thread read since the last barrier;
+//   - cp.async data lands only when its own thread waits: a read before the wait sees old data
+//     and is reported.
+// Counters (EmulationCounters) say how many instructions of each kind ran and how many extra
+// shared-memory wavefronts ldmatrix took for bank conflicts.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+#include "longattn/core/detail/tensor_core/fragments.hpp"
+#include "longattn/core/half.hpp"
+
+namespace longattn::detail::tensor_core {
+
+struct EmulationCounters {
+  std::int64_t ctas = 0;
+  std::int64_t mma = 0;
+  std::int64_t ldmatrix = 0;
+  std::int64_t ldmatrix_conflict_wavefronts = 0;  // wavefronts beyond one per 8 x 8 matrix
+  std::int64_t cp_async = 0;
+  std::int64_t shuffles = 0;
+  std::int64_t barriers = 0;
+  std::int64_t atomics = 0;
+};
+
+class Emulator {
+ public:
+  using Body = void (*)(const void* program, int cta, char* shared);
+  // Runs `body(program, cta, shared)` for cta in [0, ctas), `threads` emulated threads per CTA
+  // (a multiple of 32, at most 1024) with `shared_bytes` of dynamic shared memory (at most
+  // 227 KiB, the H100's limit per block).
+  static void run(const void* program, Body body, int ctas, int threads, std::size_t shared_bytes);
+
+  template <class Program>
+  static void run(const Program& program, int ctas) {
+    run(&program, [](const void* p, int cta, char* shared) { (*static_cast<const Program*>(p))(cta, shared); }, ctas,
+        Program::threads, Program::shared_bytes);
+  }
+
+  // What the emulations on this host thread have counted since the last reset.
+  static EmulationCounters counters();
+  static void reset_counters();
+};
+
+struct EmulatedWarp {
+  static int thread();
+  static void sync_cta();
+  static void sync_warp();
+  static float shfl_xor(float value, int lane_mask);
+  static void ldmatrix_x4(std::uint32_t (&r)[4], const void* row);
+  static void ldmatrix_x4_trans(std::uint32_t (&r)[4], const void* row);
+  template <Operand Type>
+  static void mma(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0, std::uint32_t b1) {
+    mma_impl(Type, d, a, b0, b1);
+  }
+  static void cp_async_16(void* shared, const void* global, bool fill);
+  static void cp_async_commit();
+  static void cp_async_wait_all();
+  static void atomic_add_pair(float* global, float x, float y);
+  static float exp2(float x);
+  // cvt.rn.{bf16x2,f16x2}.f32: round to nearest even, as half.hpp's conversions.
+  template <Operand Type>
+  static std::uint32_t pack(float lo, float hi) {
+    if constexpr (Type == Operand::bf16)
+      return std::uint32_t(bfloat16(lo).bits) | std::uint32_t(bfloat16(hi).bits) << 16;
+    else
+      return std::uint32_t(float16(lo).bits) | std::uint32_t(float16(hi).bits) << 16;
+  }
+  template <class T>
+  static void store_shared(void* address, T value) {
+    static_assert(std::is_trivially_copyable_v<T>);
+    store_shared_bytes(address, &value, sizeof(T));
+  }
+  template <class T>
+  static T load_shared(const void* address) {
+    static_assert(std::is_trivially_copyable_v<T>);
+    T value;
+    load_shared_bytes(address, &value, sizeof(T));
+    return value;
+  }
+
+ private:
+  static void mma_impl(Operand type, float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0,
+                       std::uint32_t b1);
+  static void store_shared_bytes(void* address, const void* value, std::size_t bytes);
+  static void load_shared_bytes(const void* address, void* value, std::size_t bytes);
+};
+
+}  // namespace longattn::detail::tensor_core

@@ -1,0 +1,264 @@
+// The forward pass on tensor cores (FlashAttention-2's structure), one CTA per (batch, head, pair
+// of 64-query blocks):
+//
+//   CTA     8 warps (256 threads); warp w owns 16 query rows, rows 16 w .. 16 w + 15 of the pair
+//           (warps 0-3 the first query block, 4-7 the second)
+//   shared  Q [128][D], K [64][D], V [64][D], 16-bit, rows padded (fragments.hpp):
+//           D = 64: 36 KiB, 128: 68 KiB, 256: 132 KiB
+//   loop    over the union of the two query blocks' key blocks (a block pattern's lists), each
+//           warp computing only for the blocks its query block visits:
+//             wait K; barrier; cp.async V            (V lands while S and the softmax run)
+//             S = Q K^T        mma.m16n8k16: A = Q rows (ldmatrix), B = K rows (ldmatrix)
+//             scale, mask, online softmax on the accumulators (rows reduced over the quad)
+//             wait V; barrier; cp.async next K       (K lands while P V runs)
+//             O += P V         A = P from the S accumulators (registers), B = V (ldmatrix.trans)
+//   end     O / l through the warp's own Q rows in shared memory, 16-byte stores; LSE
+//
+// Per thread: O accumulators D / 2 floats, S 32 floats, the running max and sum of its 2 rows.
+// Scores are in log2 units (scale * log2(e)); a key is masked when past the sequence or, causal,
+// when its global position follows the query's (each row's visible keys of a block are a prefix). Everything AttentionOptions asks of the forward
+// pass is here: output_scale, accumulate_output (the softmax continues from o and lse), offsets.
+#pragma once
+
+#include <Kokkos_Core.hpp>
+
+#include <cstdint>
+
+#include "longattn/core/detail/tensor_core/fragments.hpp"
+#include "longattn/core/detail/tensor_core/tiles.hpp"
+#include "longattn/kokkos_compat.hpp"
+
+namespace longattn::detail::tensor_core {
+
+template <class S>
+struct ForwardArguments {
+  Tensor<const S> q, k, v;
+  Tensor<S> o;
+  Rows<float> lse;
+  int batch = 0, heads = 0, queries = 0, keys = 0;
+  std::int64_t query_offset = 0, key_offset = 0;
+  bool causal = false;
+  float scale_log2 = 0;  // softmax scale * log2(e)
+  float output_scale = 1;
+  bool accumulate = false;  // continue the softmax of the (o, lse) already there
+};
+
+template <class Warp, class S, int D, class Pattern>
+struct ForwardProgram {
+  static_assert(D == 64 || D == 128 || D == 256, "head dims 64, 128, 256");
+  static constexpr int L = block_tokens;
+  static constexpr int warps = 8, threads = 32 * warps;
+  static constexpr int query_rows = 2 * L;  // 16 per warp
+  // D = 64 fits 128 registers a thread (two CTAs an SM); larger head dims take up to 255 (one).
+  static constexpr int min_ctas_per_sm = D == 64 ? 2 : 1;
+  static constexpr std::size_t q_bytes = tile_bytes(query_rows, D), kv_bytes = tile_bytes(L, D);
+  static constexpr std::size_t shared_bytes = q_bytes + 2 * kv_bytes;
+  static constexpr Operand type = operand_of<S>;
+
+  ForwardArguments<S> args;
+  Pattern pattern;
+
+  int query_block_pairs() const { return (pattern.query_blocks() + 1) / 2; }
+  int ctas() const { return args.batch * args.heads * query_block_pairs(); }
+
+  KOKKOS_INLINE_FUNCTION void operator()(int cta, char* shared) const {
+    const int thread = Warp::thread(), warp = thread / 32, lane = thread % 32;
+    const Lane at(lane);
+    const int pairs = (pattern.query_blocks() + 1) / 2;
+    const int pair = pairs - 1 - cta % pairs;  // the latest query blocks, which see the most keys under a causal mask, first
+    const int h = cta / pairs % args.heads, b = cta / pairs / args.heads;
+    const int first_block = 2 * pair;
+    const int q_first = first_block * L;
+    BlockUnion visits{pattern.visited_key_blocks(b, h, first_block),
+                      first_block + 1 < pattern.query_blocks() ? pattern.visited_key_blocks(b, h, first_block + 1)
+                                                               : BlockList{}};
+    char* const sq = shared;
+    char* const sk = shared + q_bytes;
+    char* const sv = sk + kv_bytes;
+
+    const int warp_first = q_first + 16 * warp;  // the warp's first query
+    const bool has_rows = warp_first < args.queries;
+    const int rows[2] = {warp_first + at.group, warp_first + at.group + 8};  // this lane's two queries
+
+    // The running softmax of each row: max m (log2 units), this lane's part of the sum l, O. It
+    // starts empty, or, accumulating, as the result already in (o, lse): m = lse in log2 units,
+    // l = 1 (counted by one lane of the quad), O = o / output_scale.
+    float m[2], l[2], o[D / 8][4];
+    const float inverse_output_scale = 1.0f / args.output_scale;
+    LONGATTN_WARP_UNROLL
+    for (int half = 0; half < 2; ++half) {
+      const int row = rows[half];
+      const float previous = args.accumulate && row < args.queries ? args.lse(b, h, row) : minus_infinity<float>();
+      const bool empty = previous == minus_infinity<float>();
+      m[half] = empty ? minus_infinity<float>() : previous * log2_e<float>();
+      l[half] = empty || at.quad_lane != 0 ? 0.0f : 1.0f;
+      const S* o_row = empty ? nullptr : args.o.row(b, row, h);
+      LONGATTN_WARP_UNROLL
+      for (int n = 0; n < D / 8; ++n)
+        LONGATTN_WARP_UNROLL
+        for (int e = 0; e < 2; ++e)
+          o[n][2 * half + e] = empty ? 0.0f : float(o_row[8 * n + 2 * at.quad_lane + e]) * inverse_output_scale;
+    }
+
+    load_tile<Warp, query_rows, D, threads>(sq, args.q.row(b, q_first, h), args.q.token_stride,
+                                            min_int(args.queries - q_first, query_rows), thread);
+    int block = 0;
+    bool in_first = false, in_second = false;
+    bool more = visits.next(block, in_first, in_second);
+    if (more) load_keys_or_values(sk, args.k, b, h, block, thread);
+    Warp::cp_async_commit();
+    while (more) {
+      const bool mine = has_rows && (warp < 4 ? in_first : in_second);
+      Warp::cp_async_wait_all();
+      Warp::sync_cta();  // K landed; every warp is done with V
+      load_keys_or_values(sv, args.v, b, h, block, thread);
+      Warp::cp_async_commit();
+      float s[L / 8][4];
+      if (mine) {
+        scores(sq, sk, warp, lane, s);
+        softmax(s, block * L, rows, lane, m, l, o);
+      }
+      int next_block = 0;
+      bool next_first = false, next_second = false;
+      const bool next = visits.next(next_block, next_first, next_second);
+      Warp::cp_async_wait_all();
+      Warp::sync_cta();  // V landed; every warp is done with K
+      if (next) load_keys_or_values(sk, args.k, b, h, next_block, thread);
+      Warp::cp_async_commit();
+      if (mine) add_probabilities_times_values(s, sv, lane, o);
+      block = next_block;
+      in_first = next_first;
+      in_second = next_second;
+      more = next;
+    }
+    Warp::cp_async_wait_all();
+    Warp::sync_cta();
+    if (has_rows) store(sq + tile_offset(16 * warp, 0, D), b, h, warp_first, rows, lane, m, l, o);
+  }
+
+  // K or V rows of key block `block` into a tile (zeros past the sequence).
+  KOKKOS_INLINE_FUNCTION void load_keys_or_values(char* tile, const Tensor<const S>& x, int b, int h, int block,
+                                                  int thread) const {
+    load_tile<Warp, L, D, threads>(tile, x.row(b, std::int64_t(block) * L, h), x.token_stride,
+                                   min_int(args.keys - std::int64_t(block) * L, L), thread);
+  }
+
+  // s = Q K^T for the warp's 16 rows and the 64 keys of the K tile. At D = 256 the k-steps stay a
+  // loop: unrolled, their operands did not fit the registers beside O's 128 floats.
+  KOKKOS_INLINE_FUNCTION static void scores(const char* sq, const char* sk, int warp, int lane, float (&s)[L / 8][4]) {
+    LONGATTN_WARP_UNROLL
+    for (int n = 0; n < L / 8; ++n)
+      LONGATTN_WARP_UNROLL
+      for (int i = 0; i < 4; ++i) s[n][i] = 0.0f;
+    auto k_step = [&](int kk) {
+      std::uint32_t a[4];
+      Warp::ldmatrix_x4(a, sq + a_address(lane, 16 * warp, 16 * kk, D));
+      LONGATTN_WARP_UNROLL
+      for (int nn = 0; nn < L / 16; ++nn) {
+        std::uint32_t bk[4];
+        Warp::ldmatrix_x4(bk, sk + b_address(lane, 16 * nn, 16 * kk, D));
+        Warp::template mma<type>(s[2 * nn], a, bk[0], bk[1]);
+        Warp::template mma<type>(s[2 * nn + 1], a, bk[2], bk[3]);
+      }
+    };
+    if constexpr (D <= 128) {
+      LONGATTN_WARP_UNROLL
+      for (int kk = 0; kk < D / 16; ++kk) k_step(kk);
+    } else {
+      LONGATTN_WARP_ROLLED
+      for (int kk = 0; kk < D / 16; ++kk) k_step(kk);
+    }
+  }
+
+  // Scores to log2 units, masked; the running max and sum move, O is rescaled, s becomes the
+  // probabilities 2^(score - max). Row `half` of the lane sees the block's keys [0, seen[half]):
+  // those inside the sequence and, causal, not after its query.
+  KOKKOS_INLINE_FUNCTION void softmax(float (&s)[L / 8][4], int k_first, const int (&rows)[2], int lane, float (&m)[2],
+                                      float (&l)[2], float (&o)[D / 8][4]) const {
+    int seen[2];
+    LONGATTN_WARP_UNROLL
+    for (int half = 0; half < 2; ++half) {
+      seen[half] = min_int(args.keys - k_first, L);
+      if (args.causal)
+        seen[half] = min_int(seen[half], clamp_to_block(args.query_offset + rows[half] - args.key_offset - k_first + 1, L));
+    }
+    LONGATTN_WARP_UNROLL
+    for (int n = 0; n < L / 8; ++n)
+      LONGATTN_WARP_UNROLL
+      for (int i = 0; i < 4; ++i)
+        s[n][i] = 8 * n + accumulator_col(lane, i) < seen[i / 2] ? s[n][i] * args.scale_log2 : minus_infinity<float>();
+    LONGATTN_WARP_UNROLL
+    for (int half = 0; half < 2; ++half) {
+      float block_max = minus_infinity<float>();
+      LONGATTN_WARP_UNROLL
+      for (int n = 0; n < L / 8; ++n) block_max = fmaxf(block_max, fmaxf(s[n][2 * half], s[n][2 * half + 1]));
+      block_max = fmaxf(block_max, Warp::shfl_xor(block_max, 1));  // the quad holds the row
+      block_max = fmaxf(block_max, Warp::shfl_xor(block_max, 2));
+      const float m_new = fmaxf(m[half], block_max);
+      // A row with every key masked so far keeps m = -inf; subtract 0 there, not -inf.
+      const float m_ref = m_new == minus_infinity<float>() ? 0.0f : m_new;
+      const float alpha = Warp::exp2(m[half] - m_ref);
+      float sum = 0.0f;
+      LONGATTN_WARP_UNROLL
+      for (int n = 0; n < L / 8; ++n)
+        LONGATTN_WARP_UNROLL
+        for (int e = 0; e < 2; ++e) {
+          const float p = Warp::exp2(s[n][2 * half + e] - m_ref);
+          s[n][2 * half + e] = p;
+          sum += p;
+        }
+      m[half] = m_new;
+      l[half] = l[half] * alpha + sum;
+      LONGATTN_WARP_UNROLL
+      for (int n = 0; n < D / 8; ++n) {
+        o[n][2 * half] *= alpha;
+        o[n][2 * half + 1] *= alpha;
+      }
+    }
+  }
+
+  // O += P V: the probabilities, packed to 16 bits, are the A operand as they lie.
+  KOKKOS_INLINE_FUNCTION static void add_probabilities_times_values(const float (&p)[L / 8][4], const char* sv, int lane,
+                                                                    float (&o)[D / 8][4]) {
+    std::uint32_t a[L / 16][4];
+    LONGATTN_WARP_UNROLL
+    for (int kk = 0; kk < L / 16; ++kk) a_from_accumulators<Warp, type>(p, kk, a[kk]);
+    LONGATTN_WARP_UNROLL
+    for (int nn = 0; nn < D / 16; ++nn)
+      LONGATTN_WARP_UNROLL
+      for (int kk = 0; kk < L / 16; ++kk) {
+        std::uint32_t bv[4];
+        Warp::ldmatrix_x4_trans(bv, sv + b_trans_address(lane, 16 * kk, 16 * nn, D));
+        Warp::template mma<type>(o[2 * nn], a[kk], bv[0], bv[1]);
+        Warp::template mma<type>(o[2 * nn + 1], a[kk], bv[2], bv[3]);
+      }
+  }
+
+  // O = output_scale O / l, staged in the warp's own 16 Q rows (no other warp reads them), then
+  // stored a 16-byte chunk per lane; LSE = ln 2 (m + log2 l). A query that sees no key gets
+  // O = 0, LSE = -inf; a NaN sum (NaN inputs) stays NaN in both.
+  KOKKOS_INLINE_FUNCTION void store(char* staging, int b, int h, int warp_first, const int (&rows)[2], int lane,
+                                    const float (&m)[2], float (&l)[2], const float (&o)[D / 8][4]) const {
+    const Lane at(lane);
+    LONGATTN_WARP_UNROLL
+    for (int half = 0; half < 2; ++half) {
+      l[half] += Warp::shfl_xor(l[half], 1);
+      l[half] += Warp::shfl_xor(l[half], 2);
+      const float sum = l[half];
+      const float inverse = sum > 0.0f ? args.output_scale / sum : sum == 0.0f ? 0.0f : sum;
+      LONGATTN_WARP_UNROLL
+      for (int n = 0; n < D / 8; ++n)
+        Warp::store_shared(staging + tile_offset(at.group + 8 * half, 8 * n + 2 * at.quad_lane, D),
+                           Warp::template pack<type>(o[n][2 * half] * inverse, o[n][2 * half + 1] * inverse));
+      if (at.quad_lane == 0 && rows[half] < args.queries)
+        args.lse(b, h, rows[half]) = sum > 0.0f    ? (m[half] + math::log2(sum)) * ln_2<float>()
+                                     : sum == 0.0f ? minus_infinity<float>()
+                                                   : sum;
+    }
+    Warp::sync_warp();
+    store_warp_rows<Warp, D>(staging, args.o.row(b, warp_first, h), args.o.token_stride,
+                             min_int(args.queries - warp_first, 16), false, lane);
+  }
+};
+
+}  // namespace longattn::detail::tensor_core

@@ -1,0 +1,226 @@
+// The tensor-core kernels behind attention_forward and attention_backward: which calls they take,
+// their arguments from the views, and how their CTAs are launched.
+//
+// A launcher runs a program (forward.hpp, backward.hpp) over its grid:
+//   CudaLaunch       a __global__ function per program on the caller's Kokkos::Cuda instance's
+//                    stream, its dynamic shared memory limit raised to what the program needs
+//                    (cudaFuncSetAttribute; the programs take 32-192 KiB, over the 48 KiB a
+//                    kernel gets without asking, which is also all Kokkos gives a team)
+//   EmulatedLaunch   the host emulation (emulated_warp.hpp), after the instance's earlier work
+// The kernels take 16-bit tensors (bfloat16, float16) whose head dim is contiguous, whose other
+// strides are multiples of 8 values and whose data start on 16 bytes (cp.async copies 16-byte
+// chunks), head dims 64 and 128 (forward also 256); other calls run the portable kernels.
+#pragma once
+
+#include <Kokkos_Core.hpp>
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+#include <type_traits>
+
+#include "longattn/core/execution_context.hpp"
+#include "longattn/core/half.hpp"
+#include "longattn/core/detail/attention_kernels.hpp"
+#include "longattn/core/detail/tensor_core/backward.hpp"
+#include "longattn/core/detail/tensor_core/emulated_warp.hpp"
+#include "longattn/core/detail/tensor_core/forward.hpp"
+#include "longattn/core/detail/tensor_core/warp_ops.hpp"
+#include "longattn/error.hpp"
+
+namespace longattn::detail::tensor_core {
+
+// Grids the launchers below have started in this process (the tests check which kernels ran).
+inline std::atomic<std::int64_t>& launched_grids() {
+  static std::atomic<std::int64_t> count{0};
+  return count;
+}
+
+struct EmulatedLaunch {
+  using Warp = EmulatedWarp;
+  template <class ExecSpace>
+  static constexpr bool runs_on = Kokkos::SpaceAccessibility<ExecSpace, Kokkos::HostSpace>::accessible;
+  template <class ExecSpace, class Program>
+  static void run(const ExecSpace& exec, const Program& program) {
+    const int ctas = program.ctas();
+    if (ctas == 0) return;
+    exec.fence();  // the program reads what earlier kernels on the instance wrote
+    ++launched_grids();
+    Emulator::run(program, ctas);
+  }
+};
+
+#if defined(KOKKOS_ENABLE_CUDA) && defined(__CUDACC__)
+template <class Program>
+__global__ void __launch_bounds__(Program::threads, Program::min_ctas_per_sm) run_program(const Program program) {
+  extern __shared__ __align__(128) char shared[];
+  program(int(blockIdx.x), shared);
+}
+
+struct CudaLaunch {
+  using Warp = CudaWarp;
+  template <class ExecSpace>
+  static constexpr bool runs_on = std::is_same_v<ExecSpace, Kokkos::Cuda>;
+  template <class Program>
+  static void run(const Kokkos::Cuda& exec, const Program& program) {
+    const int ctas = program.ctas();
+    if (ctas == 0) return;
+    check(cudaFuncSetAttribute(run_program<Program>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               int(Program::shared_bytes)),
+          "cudaFuncSetAttribute(cudaFuncAttributeMaxDynamicSharedMemorySize)");
+    run_program<Program><<<ctas, Program::threads, Program::shared_bytes, exec.cuda_stream()>>>(program);
+    check(cudaGetLastError(), "the kernel launch");
+    ++launched_grids();
+  }
+  static void check(cudaError_t status, const char* what) {
+    if (status != cudaSuccess)
+      throw Error(std::string("longattn attention (tensor cores): ") + what + " failed: " + cudaGetErrorString(status));
+  }
+};
+#endif
+
+// The head dims with programs: forward 64, 128, 256; backward 64, 128.
+inline bool head_dim_supported(int head_dim, bool backward) {
+  return head_dim == 64 || head_dim == 128 || (!backward && head_dim == 256);
+}
+
+// A view the programs copy in 16-byte chunks: head dim contiguous, the other strides multiples of
+// 8 values (where the extent is above 1), data on 16 bytes.
+template <class View>
+bool chunked(const View& x) {
+  for (int r = 0; r < 3; ++r)
+    if (x.extent(r) > 1 && x.stride(r) % 8 != 0) return false;
+  return x.stride(3) == 1 && reinterpret_cast<std::uintptr_t>(x.data()) % 16 == 0;
+}
+
+template <class S, class View>
+Tensor<S> tensor_of(const View& x) {
+  return {x.data(), std::int64_t(x.stride(0)), std::int64_t(x.stride(1)), std::int64_t(x.stride(2))};
+}
+template <class T, class View>
+Rows<T> rows_of(const View& x) {
+  return {x.data(), std::int64_t(x.stride(0)), std::int64_t(x.stride(1)), std::int64_t(x.stride(2))};
+}
+
+// dq = [dq +] the float sums of the one-pass backward ([B][H][Nq][D]), rounded once.
+template <class ExecSpace, class S>
+struct AddQueryGradientSums {
+  Tensor4<S, ExecSpace> dq;
+  const float* sums;
+  int heads, queries, head_dim;
+  bool accumulate;
+  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t row) const {
+    const int i = int(row % queries), h = int(row / queries % heads), b = int(row / queries / heads);
+    const float* sum = sums + row * head_dim;
+    for (int d = 0; d < head_dim; ++d) dq(b, i, h, d) = S((accumulate ? float(dq(b, i, h, d)) : 0.0f) + sum[d]);
+  }
+};
+
+// What a backward call asks of the tensor-core kernels beyond the forward's arguments.
+struct BackwardChoice {
+  bool deterministic = false;  // dQ by a pass of its own (no atomics), as BackwardPasses::two
+};
+
+template <class Launch, class ExecSpace, class S, class Pattern>
+struct TensorCoreKernels {
+  using Warp = typename Launch::Warp;
+  using Input = Tensor4<const S, ExecSpace>;
+  using Output = Tensor4<S, ExecSpace>;
+  using Context = ExecutionContext<ExecSpace>;
+  static_assert(is_half_v<S>, "the tensor-core kernels take bfloat16 and float16 tensors");
+
+  // Whether the programs take these tensors (else the caller runs the portable kernels).
+  template <class... Views>
+  static bool take(int head_dim, bool backward, const Views&... views) {
+    return head_dim_supported(head_dim, backward) && (chunked(views) && ...);
+  }
+
+  static void forward(const Context& context, const Input& q, const Input& k, const Input& v, const Output& o,
+                      const Tensor3<float, ExecSpace>& lse, const AttentionGeometry& geo, const Pattern& pattern,
+                      float scale_log2, float output_scale, bool accumulate) {
+    ForwardArguments<S> args;
+    args.q = tensor_of<const S>(q);
+    args.k = tensor_of<const S>(k);
+    args.v = tensor_of<const S>(v);
+    args.o = tensor_of<S>(o);
+    args.lse = rows_of<float>(lse);
+    set_geometry(args, geo);
+    args.scale_log2 = scale_log2;
+    args.output_scale = output_scale;
+    args.accumulate = accumulate;
+    switch (geo.head_dim) {
+      case 64: Launch::run(context.exec(), ForwardProgram<Warp, S, 64, Pattern>{args, pattern}); break;
+      case 128: Launch::run(context.exec(), ForwardProgram<Warp, S, 128, Pattern>{args, pattern}); break;
+      default: Launch::run(context.exec(), ForwardProgram<Warp, S, 256, Pattern>{args, pattern}); break;
+    }
+  }
+
+  static void backward(const Context& context, const Input& q, const Input& k, const Input& v, const Input& o,
+                       const Input& d_o, const Tensor3<const float, ExecSpace>& lse, const Output& dq,
+                       const Output& dk, const Output& dv, const AttentionGeometry& geo, const Pattern& pattern,
+                       float scale, float scale_log2, float output_scale, bool accumulate, BackwardChoice choice) {
+    // The queries' statistics, rows padded to whole blocks.
+    const int padded = (geo.queries + block_tokens - 1) / block_tokens * block_tokens;
+    const std::int64_t rows = std::int64_t(geo.batch) * geo.heads * padded;
+    using Statistics = Kokkos::View<FloatPair*, typename ExecSpace::memory_space>;
+    const auto statistics = context.template allocate<Statistics>(std::size_t(rows));
+    Kokkos::parallel_for("longattn::attention_backward::statistics",
+                         Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(context.exec(), 0, rows),
+                         QueryStatistics<ExecSpace, S, Tensor3<const float, ExecSpace>>{
+                             o, d_o, lse, statistics.data(), geo.heads, geo.queries, padded, geo.head_dim});
+    BackwardArguments<S> args;
+    args.q = tensor_of<const S>(q);
+    args.k = tensor_of<const S>(k);
+    args.v = tensor_of<const S>(v);
+    args.d_o = tensor_of<const S>(d_o);
+    args.dq = tensor_of<S>(dq);
+    args.dk = tensor_of<S>(dk);
+    args.dv = tensor_of<S>(dv);
+    args.statistics = statistics.data();
+    args.padded_queries = padded;
+    set_geometry(args, geo);
+    args.scale = scale;
+    args.scale_log2 = scale_log2;
+    args.output_scale = output_scale;
+    args.accumulate = accumulate;
+    if (geo.head_dim == 64)
+      backward_programs<64>(context, args, dq, geo, pattern, choice);
+    else
+      backward_programs<128>(context, args, dq, geo, pattern, choice);
+  }
+
+ private:
+  template <int D>
+  static void backward_programs(const Context& context, BackwardArguments<S>& args, const Output& dq,
+                                const AttentionGeometry& geo, const Pattern& pattern, BackwardChoice choice) {
+    const ExecSpace& exec = context.exec();
+    if (choice.deterministic) {
+      Launch::run(exec, KeyGradientProgram<Warp, S, D, Pattern, false>{args, pattern});
+      Launch::run(exec, QueryGradientProgram<Warp, S, D, Pattern>{args, pattern});
+      return;
+    }
+    // One pass: dQ summed atomically in float, then rounded into dq.
+    using Sums = Kokkos::View<float*, typename ExecSpace::memory_space>;
+    const std::int64_t rows = std::int64_t(geo.batch) * geo.heads * geo.queries;
+    const auto sums = context.template allocate<Sums>(std::size_t(rows) * D);
+    Kokkos::deep_copy(exec, sums.view(), 0.0f);
+    args.dq_sum = sums.data();
+    Launch::run(exec, KeyGradientProgram<Warp, S, D, Pattern, true>{args, pattern});
+    Kokkos::parallel_for("longattn::attention_backward::dq",
+                         Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(exec, 0, rows),
+                         AddQueryGradientSums<ExecSpace, S>{dq, sums.data(), geo.heads, geo.queries, D, args.accumulate});
+  }
+
+  template <class Arguments>
+  static void set_geometry(Arguments& args, const AttentionGeometry& geo) {
+    args.batch = geo.batch;
+    args.heads = geo.heads;
+    args.queries = geo.queries;
+    args.keys = geo.keys;
+    args.query_offset = geo.query_offset;
+    args.key_offset = geo.key_offset;
+    args.causal = geo.causal;
+  }
+};
+
+}  // namespace longattn::detail::tensor_core

@@ -1,0 +1,144 @@
+// What the tensor-core kernels share: their view of the tensors (raw pointers and strides, the
+// head dim contiguous), the 16-byte copies between global memory and swizzled shared-memory tiles
+// (fragments.hpp), and the walk over the union of two query blocks' key blocks.
+#pragma once
+
+#include <Kokkos_Core.hpp>
+
+#include <climits>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include "longattn/core/dense_blocks.hpp"
+#include "longattn/core/half.hpp"
+#include "longattn/core/detail/attention_kernels.hpp"
+#include "longattn/core/detail/tensor_core/fragments.hpp"
+#include "longattn/core/detail/tensor_core/warp_ops.hpp"
+
+namespace longattn::detail::tensor_core {
+
+// Tokens per block: the block patterns' unit (dense_blocks.hpp), as in the portable kernels.
+inline constexpr int block_tokens = 64;
+
+template <class S>
+inline constexpr Operand operand_of = std::is_same_v<std::remove_const_t<S>, bfloat16> ? Operand::bf16 : Operand::f16;
+
+// A [B, N, H, D] tensor with the head dim contiguous (stride 1) and rows of 16-byte chunks.
+template <class S>
+struct Tensor {
+  S* data = nullptr;
+  std::int64_t batch_stride = 0, token_stride = 0, head_stride = 0;
+  KOKKOS_INLINE_FUNCTION S* row(int b, std::int64_t token, int h) const {
+    return data + b * batch_stride + token * token_stride + h * head_stride;
+  }
+};
+
+// A [B, H, N] array of float (LSE, Delta) with any strides.
+template <class T>
+struct Rows {
+  T* data = nullptr;
+  std::int64_t batch_stride = 0, head_stride = 0, token_stride = 0;
+  KOKKOS_INLINE_FUNCTION T& operator()(int b, int h, std::int64_t token) const {
+    return data[b * batch_stride + h * head_stride + token * token_stride];
+  }
+};
+
+struct alignas(16) Chunk {
+  std::uint32_t words[4];
+};
+
+// 16 bytes of global memory, aligned to 16: one vector access on the device; memcpy on the host,
+// where the bytes are also read and written as the tensors' own types.
+KOKKOS_INLINE_FUNCTION Chunk load_chunk(const void* address) {
+#ifdef __CUDA_ARCH__
+  return *static_cast<const Chunk*>(address);
+#else
+  Chunk chunk;
+  std::memcpy(&chunk, address, sizeof chunk);
+  return chunk;
+#endif
+}
+KOKKOS_INLINE_FUNCTION void store_chunk(void* address, const Chunk& chunk) {
+#ifdef __CUDA_ARCH__
+  *static_cast<Chunk*>(address) = chunk;
+#else
+  std::memcpy(address, &chunk, sizeof chunk);
+#endif
+}
+
+// The two 16-bit values of a word as floats (the low one first).
+template <class S>
+KOKKOS_INLINE_FUNCTION float low_value(std::uint32_t word) {
+  return float(S::from_bits(std::uint16_t(word & 0xffffu)));
+}
+template <class S>
+KOKKOS_INLINE_FUNCTION float high_value(std::uint32_t word) {
+  return float(S::from_bits(std::uint16_t(word >> 16)));
+}
+
+// Copies rows [0, Rows) from `first_row` (rows token_stride apart; a row of D values) into a
+// [Rows][D] tile, all Threads threads of the CTA taking chunks in turn; rows from `count`
+// on are zeros (cp.async with no source bytes). Asynchronous: Warp::cp_async_wait_all, then a
+// CTA barrier, before anyone reads the tile.
+template <class Warp, int Rows, int D, int Threads, class S>
+KOKKOS_INLINE_FUNCTION void load_tile(char* tile, const S* first_row, std::int64_t token_stride, int count,
+                                      int thread) {
+  constexpr int chunks = chunks_per_row(D), rows_per_step = Threads / chunks;
+  static_assert(Threads % chunks == 0 && Rows % rows_per_step == 0, "every thread copies the same chunk of its rows");
+  // Thread t copies chunk t % chunks of rows t / chunks, + rows_per_step, ...: one running source
+  // pointer (offsets precomputed per row would each hold two registers for the whole kernel).
+  const int chunk = thread % chunks;
+  int row = thread / chunks;
+  const S* source = first_row + row * token_stride + chunk * 8;
+  LONGATTN_WARP_UNROLL
+  for (int n = 0; n < Rows / rows_per_step; ++n, row += rows_per_step, source += rows_per_step * token_stride) {
+    const bool inside = row < count;
+    Warp::cp_async_16(tile + tile_offset(row, chunk * 8, D), inside ? source : first_row, inside);
+  }
+}
+
+// Writes rows [0, 16) of a warp's staging tile to rows first, first + 1, ... of a tensor
+// (rows token_stride apart), up to `count` rows; with `accumulate`, adds what the rows hold (in
+// float: the staged values, already rounded to S, are rounded once more with the sum). The warp's
+// 32 lanes take the 16-byte chunks in turn.
+template <class Warp, int D, class S>
+KOKKOS_INLINE_FUNCTION void store_warp_rows(const char* tile, S* first_row, std::int64_t token_stride, int count,
+                                            bool accumulate, int lane) {
+  constexpr int chunks = chunks_per_row(D);
+  LONGATTN_WARP_UNROLL
+  for (int n = 0; n < 16 * chunks / 32; ++n) {
+    const int c = n * 32 + lane, row = c / chunks, chunk = c % chunks;
+    if (row >= count) continue;
+    Chunk value = Warp::template load_shared<Chunk>(tile + tile_offset(row, chunk * 8, D));
+    S* out = first_row + row * token_stride + chunk * 8;
+    if (accumulate) {
+      const Chunk before = load_chunk(out);
+      LONGATTN_WARP_UNROLL
+      for (int w = 0; w < 4; ++w)
+        value.words[w] = Warp::template pack<operand_of<S>>(low_value<S>(before.words[w]) + low_value<S>(value.words[w]),
+                                                           high_value<S>(before.words[w]) + high_value<S>(value.words[w]));
+    }
+    store_chunk(out, value);
+  }
+}
+
+// The union of two ascending lists of key blocks (those of a CTA's two query blocks), ascending.
+struct BlockUnion {
+  BlockList first, second;
+  int i = 0, j = 0;
+  KOKKOS_INLINE_FUNCTION bool next(int& block, bool& in_first, bool& in_second) {
+    const int a = i < first.count ? first[i] : INT_MAX, b = j < second.count ? second[j] : INT_MAX;
+    if (a == INT_MAX && b == INT_MAX) return false;
+    block = a < b ? a : b;
+    in_first = a == block;
+    in_second = b == block;
+    i += in_first ? 1 : 0;
+    j += in_second ? 1 : 0;
+    return true;
+  }
+};
+
+KOKKOS_INLINE_FUNCTION int min_int(std::int64_t a, std::int64_t b) { return int(a < b ? a : b); }
+
+}  // namespace longattn::detail::tensor_core

@@ -1,0 +1,188 @@
+// The warp-level operations of the tensor-core kernels, and their two implementations:
+//
+//   CudaWarp       the instructions themselves (mma.sync, ldmatrix, cp.async, shfl.sync, ...),
+//                  for Kokkos::Cuda (sm_80 and later; the kernels are tuned for sm_90)
+//   EmulatedWarp   a lane-exact emulation on the host (emulated_warp.hpp): every thread of a CTA
+//                  a fiber, each collective gathered from the warp's 32 lanes and computed from
+//                  the PTX ISA's layout tables, shared memory checked for bounds, alignment and
+//                  races, cp.async copies landing only at the issuing thread's wait
+//
+// The kernels (forward.hpp, backward.hpp) are written once against this interface, a class of
+// static functions (Warp below):
+//   int thread()                                   the thread's index in its CTA (threadIdx.x)
+//   void sync_cta(), sync_warp()                   __syncthreads(), __syncwarp()
+//   float shfl_xor(float v, int lane_mask)         v of lane ^ lane_mask
+//   void ldmatrix_x4(uint32_t (&r)[4], const void* row)        ldmatrix...x4.shared.b16
+//   void ldmatrix_x4_trans(uint32_t (&r)[4], const void* row)  ldmatrix...x4.trans.shared.b16
+//   template <Operand> void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1)
+//                                                  d += a b, mma.sync...m16n8k16.row.col.f32
+//   void cp_async_16(void* shared, const void* global, bool fill)
+//                                                  cp.async.cg 16 bytes (zeros unless fill)
+//   void cp_async_commit(), cp_async_wait_all()    cp.async.commit_group, cp.async.wait_all
+//   void atomic_add_pair(float* global, float x, float y)
+//                                                  red.global.add.v2.f32 (x to global[0], y to
+//                                                  global[1]; 8-byte aligned)
+//   float exp2(float x)                            ex2.approx.ftz.f32
+//   template <Operand> uint32_t pack(float lo, float hi)    two values rounded to nearest, lo low
+//   template <class T> void store_shared(void*, T), T load_shared(const void*)
+// fragments.hpp says where each lane's values sit.
+#pragma once
+
+#include <Kokkos_Core.hpp>
+
+#include <cstdint>
+#include <cstring>
+
+#include "longattn/core/detail/tensor_core/fragments.hpp"
+
+#if defined(KOKKOS_ENABLE_CUDA) && defined(__CUDACC__)
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#endif
+
+// Unrolls a loop over registers in the device compilation (so that fragment arrays stay in
+// registers); nothing elsewhere (GCC would take `#pragma unroll` from nvcc's host pass as unknown).
+// LONGATTN_WARP_ROLLED keeps a loop rolled there (a loop whose body holds enough work, where
+// unrolling would only keep more operands in flight than the registers hold).
+#if defined(__CUDA_ARCH__)
+#define LONGATTN_WARP_UNROLL _Pragma("unroll")
+#define LONGATTN_WARP_ROLLED _Pragma("unroll 1")
+#else
+#define LONGATTN_WARP_UNROLL
+#define LONGATTN_WARP_ROLLED
+#endif
+
+namespace longattn::detail::tensor_core {
+
+#if defined(KOKKOS_ENABLE_CUDA) && defined(__CUDACC__)
+// The instructions. Each body is device code only; the host pass of nvcc sees empty functions
+// that nothing calls (the kernels run only inside a __global__ function).
+struct CudaWarp {
+  KOKKOS_INLINE_FUNCTION static int thread() {
+#ifdef __CUDA_ARCH__
+    return int(threadIdx.x);
+#else
+    return 0;
+#endif
+  }
+  KOKKOS_INLINE_FUNCTION static void sync_cta() {
+#ifdef __CUDA_ARCH__
+    __syncthreads();
+#endif
+  }
+  KOKKOS_INLINE_FUNCTION static void sync_warp() {
+#ifdef __CUDA_ARCH__
+    __syncwarp();
+#endif
+  }
+  KOKKOS_INLINE_FUNCTION static float shfl_xor(float value, int lane_mask) {
+#ifdef __CUDA_ARCH__
+    return __shfl_xor_sync(0xffffffffu, value, lane_mask);
+#else
+    (void)lane_mask;
+    return value;
+#endif
+  }
+  KOKKOS_INLINE_FUNCTION static void ldmatrix_x4(std::uint32_t (&r)[4], const void* row) {
+#ifdef __CUDA_ARCH__
+    const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(row));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(address));
+#else
+    (void)r, (void)row;
+#endif
+  }
+  KOKKOS_INLINE_FUNCTION static void ldmatrix_x4_trans(std::uint32_t (&r)[4], const void* row) {
+#ifdef __CUDA_ARCH__
+    const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(row));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(address));
+#else
+    (void)r, (void)row;
+#endif
+  }
+  template <Operand Type>
+  KOKKOS_INLINE_FUNCTION static void mma(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0,
+                                         std::uint32_t b1) {
+#ifdef __CUDA_ARCH__
+    if constexpr (Type == Operand::bf16)
+      asm volatile(
+          "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+          "{%0, %1, %2, %3};\n"
+          : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    else
+      asm volatile(
+          "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+          "{%0, %1, %2, %3};\n"
+          : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+    (void)d, (void)a, (void)b0, (void)b1;
+#endif
+  }
+  KOKKOS_INLINE_FUNCTION static void cp_async_16(void* shared, const void* global, bool fill) {
+#ifdef __CUDA_ARCH__
+    const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(shared));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(address), "l"(global),
+                 "r"(fill ? 16 : 0));
+#else
+    (void)shared, (void)global, (void)fill;
+#endif
+  }
+  KOKKOS_INLINE_FUNCTION static void cp_async_commit() {
+#ifdef __CUDA_ARCH__
+    asm volatile("cp.async.commit_group;\n" ::);
+#endif
+  }
+  KOKKOS_INLINE_FUNCTION static void cp_async_wait_all() {
+#ifdef __CUDA_ARCH__
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+#endif
+  }
+  KOKKOS_INLINE_FUNCTION static void atomic_add_pair(float* global, float x, float y) {
+#ifdef __CUDA_ARCH__
+    asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(global), "f"(x), "f"(y) : "memory");
+#else
+    (void)global, (void)x, (void)y;
+#endif
+  }
+  KOKKOS_INLINE_FUNCTION static float exp2(float x) {
+#ifdef __CUDA_ARCH__
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+#else
+    return x;
+#endif
+  }
+  template <Operand Type>
+  KOKKOS_INLINE_FUNCTION static std::uint32_t pack(float lo, float hi) {
+    std::uint32_t word = 0;
+#ifdef __CUDA_ARCH__
+    if constexpr (Type == Operand::bf16) {
+      const __nv_bfloat162 pair = __floats2bfloat162_rn(lo, hi);  // .x (the low half) = lo
+      memcpy(&word, &pair, sizeof word);
+    } else {
+      const __half2 pair = __floats2half2_rn(lo, hi);
+      memcpy(&word, &pair, sizeof word);
+    }
+#else
+    (void)lo, (void)hi;
+#endif
+    return word;
+  }
+  template <class T>
+  KOKKOS_INLINE_FUNCTION static void store_shared(void* address, T value) {
+    *static_cast<T*>(address) = value;
+  }
+  template <class T>
+  KOKKOS_INLINE_FUNCTION static T load_shared(const void* address) {
+    return *static_cast<const T*>(address);
+  }
+};
+#endif
+
+}  // namespace longattn::detail::tensor_core

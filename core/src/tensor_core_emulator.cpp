@@ -1,0 +1,683 @@
+// The host emulation of the tensor-core kernels' warp operations (tensor_core/emulated_warp.hpp).
+// The layouts below are transcribed from the PTX ISA (9.7.13.4.8, "Matrix Fragments for
+// mma.m16n8k16 with floating point type"; 9.7.13.4.15, ldmatrix), not taken from fragments.hpp.
+#include "longattn/core/detail/tensor_core/emulated_warp.hpp"
+
+#include <sys/mman.h>
+#if !defined(__x86_64__)
+#include <ucontext.h>
+#endif
+
+#include <cmath>
+#include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <vector>
+
+#include "longattn/error.hpp"
+
+#if defined(__SANITIZE_ADDRESS__)
+#define LONGATTN_ASAN_FIBERS 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define LONGATTN_ASAN_FIBERS 1
+#endif
+#endif
+#ifdef LONGATTN_ASAN_FIBERS
+#include <sanitizer/common_interface_defs.h>
+#endif
+
+namespace longattn::detail::tensor_core {
+namespace {
+
+constexpr int warp_size = 32;
+constexpr std::size_t shared_limit = 227 * 1024;  // an H100's dynamic shared memory per block, opted in
+constexpr std::size_t stack_bytes = 256 * 1024;
+constexpr unsigned never = std::numeric_limits<unsigned>::max();
+
+// Switching between the scheduler and the fibers: on x86-64 a switch of the callee-saved
+// registers and the stack pointer (swapcontext would also save the signal mask, a system call
+// per switch: 70% of the emulation's time); elsewhere swapcontext.
+#if defined(__x86_64__)
+extern "C" void longattn_tensor_core_switch(void** save_stack, void* load_stack);
+// Pushes rbp, rbx, r12-r15 and the SSE/x87 control words, saves rsp in *save_stack, loads
+// load_stack and pops the same from there.
+asm(R"(
+  .text
+  .globl longattn_tensor_core_switch
+  .type longattn_tensor_core_switch, @function
+longattn_tensor_core_switch:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  subq $8, %rsp
+  stmxcsr (%rsp)
+  fnstcw 4(%rsp)
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  ldmxcsr (%rsp)
+  fldcw 4(%rsp)
+  addq $8, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+  .size longattn_tensor_core_switch, .-longattn_tensor_core_switch
+  .section .note.GNU-stack,"",@progbits
+  .text
+)");
+
+struct Context {
+  void* stack_pointer = nullptr;
+};
+// A context that starts `entry` on the stack [stack, stack + bytes): a frame that the switch
+// above pops, returning into entry as if it had been called.
+void make_context(Context& context, char* stack, std::size_t bytes, void (*entry)()) {
+  auto* top = reinterpret_cast<std::uint64_t*>(reinterpret_cast<std::uintptr_t>(stack + bytes) & ~std::uintptr_t(15));
+  std::uint32_t controls[2];
+  asm volatile("stmxcsr %0\n\tfnstcw %1" : "=m"(controls[0]), "=m"(controls[1]));
+  top[-1] = 0;                                          // entry's return address: never used
+  top[-2] = reinterpret_cast<std::uint64_t>(entry);     // where the switch returns
+  for (int r = 3; r <= 8; ++r) top[-r] = 0;             // rbp, rbx, r12-r15
+  std::memcpy(&top[-9], controls, sizeof controls);   // mxcsr, x87 control word
+  context.stack_pointer = &top[-9];
+}
+void switch_context(Context& from, Context& to) { longattn_tensor_core_switch(&from.stack_pointer, to.stack_pointer); }
+#else
+struct Context {
+  ucontext_t context;
+};
+void make_context(Context& context, char* stack, std::size_t bytes, void (*entry)()) {
+  getcontext(&context.context);
+  context.context.uc_stack.ss_sp = stack;
+  context.context.uc_stack.ss_size = bytes;
+  context.context.uc_link = nullptr;
+  makecontext(&context.context, entry, 0);
+}
+void switch_context(Context& from, Context& to) { swapcontext(&from.context, &to.context); }
+#endif
+
+enum class Op { shfl, ldmatrix, ldmatrix_trans, mma_bf16, mma_f16, sync_warp };
+const char* name(Op op) {
+  switch (op) {
+    case Op::shfl: return "shfl.sync.bfly";
+    case Op::ldmatrix: return "ldmatrix.x4";
+    case Op::ldmatrix_trans: return "ldmatrix.x4.trans";
+    case Op::mma_bf16: return "mma.m16n8k16.bf16";
+    case Op::mma_f16: return "mma.m16n8k16.f16";
+    case Op::sync_warp: return "bar.warp.sync";
+  }
+  return "?";
+}
+
+struct Copy {
+  char* shared;
+  const char* global;
+  bool fill;
+};
+
+struct Fiber {
+  Context context;
+  char* stack = nullptr;
+  int thread = 0;
+  bool finished = false;
+  const unsigned* wait_generation = nullptr;  // blocked until *wait_generation != wait_seen
+  unsigned wait_seen = 0;
+  const char* waiting_at = "";
+  std::vector<Copy> in_flight;  // cp.async issued and not yet waited for (commit groups end at the wait)
+  void* fake_stack = nullptr;   // AddressSanitizer's, while switched out
+};
+
+// One lane's part of a warp collective.
+struct LaneSlot {
+  std::uint32_t a[4] = {}, b[2] = {};
+  float c[4] = {}, value = 0;
+  int lane_mask = 0;
+  const char* row = nullptr;
+  std::uint32_t out[4] = {};
+  float out_c[4] = {}, out_value = 0;
+};
+
+struct WarpState {
+  int arrived = 0;
+  unsigned generation = 0;
+  unsigned syncs = 0;  // sync_warp count: orders accesses between the warp's lanes
+  Op op = Op::sync_warp;
+  LaneSlot lanes[warp_size];
+};
+
+// What the race check remembers of a 4-byte word of shared memory.
+struct Word {
+  unsigned write_epoch = never, read_epoch = never;
+  unsigned writer_syncs = 0, reader_syncs = 0;
+  short writer = -1;
+  short reader = -1;       // a thread, or several: -2
+  short reader_warp = -1;  // the readers' warp, or -2: several warps
+  short copying = -1;      // the thread whose cp.async in flight writes the word
+};
+
+struct Cta {
+  int index = 0, threads = 0, finished = 0;
+  char* shared = nullptr;
+  std::size_t shared_bytes = 0;
+  std::vector<Fiber>* fibers = nullptr;
+  std::vector<WarpState> warps;
+  std::vector<Word> words;
+  int barrier_arrived = 0;
+  unsigned barrier_generation = 0;
+  unsigned epoch = 0;  // completed CTA barriers
+  Context scheduler;
+  Fiber* current = nullptr;
+  const void* program = nullptr;
+  Emulator::Body body = nullptr;
+  bool failed = false;
+  char message[768] = {};
+  void* scheduler_fake_stack = nullptr;
+  const void* scheduler_stack = nullptr;
+  std::size_t scheduler_stack_size = 0;
+};
+
+thread_local Cta* active = nullptr;
+thread_local EmulationCounters totals;
+
+// Fiber stacks, kept for the thread's life (mapped, not heap: a failed emulation abandons them).
+struct Stacks {
+  std::vector<char*> stacks;
+  char* get(std::size_t n) {
+    while (stacks.size() <= n) {
+      void* p = mmap(nullptr, stack_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+      if (p == MAP_FAILED) throw Error("longattn tensor-core emulator: cannot map a fiber stack");
+      stacks.push_back(static_cast<char*>(p));
+    }
+    return stacks[n];
+  }
+  ~Stacks() {
+    for (char* s : stacks) munmap(s, stack_bytes);
+  }
+};
+thread_local Stacks stacks;
+thread_local std::vector<Fiber> fiber_pool;
+
+void start_switch(void** fake_stack, const void* bottom, std::size_t size) {
+#ifdef LONGATTN_ASAN_FIBERS
+  __sanitizer_start_switch_fiber(fake_stack, bottom, size);
+#else
+  (void)fake_stack, (void)bottom, (void)size;
+#endif
+}
+void finish_switch(void* fake_stack, const void** bottom_old, std::size_t* size_old) {
+#ifdef LONGATTN_ASAN_FIBERS
+  __sanitizer_finish_switch_fiber(fake_stack, bottom_old, size_old);
+#else
+  (void)fake_stack, (void)bottom_old, (void)size_old;
+#endif
+}
+
+Cta& cta() { return *active; }
+Fiber& fiber() { return *active->current; }
+int warp_of(int thread) { return thread / warp_size; }
+
+// Back to the scheduler; returns when the scheduler resumes this fiber (never when finishing
+// or failed).
+void yield(bool finishing = false) {
+  Cta& c = cta();
+  Fiber& f = fiber();
+  start_switch(finishing ? nullptr : &f.fake_stack, c.scheduler_stack, c.scheduler_stack_size);
+  switch_context(f.context, c.scheduler);
+  finish_switch(f.fake_stack, &c.scheduler_stack, &c.scheduler_stack_size);
+}
+
+// Records the first failure of the CTA and leaves the fiber for good (its stack holds only
+// trivially destructible values: the message lives in the CTA).
+[[noreturn]] void fail(const char* format, ...) {
+  Cta& c = cta();
+  if (!c.failed) {
+    c.failed = true;
+    const int n = std::snprintf(c.message, sizeof c.message, "longattn tensor-core emulator: CTA %d, thread %d: ",
+                                c.index, c.current->thread);
+    va_list args;
+    va_start(args, format);
+    std::vsnprintf(c.message + n, sizeof c.message - n, format, args);
+    va_end(args);
+  }
+  yield(true);
+  std::abort();  // not reached: a failed CTA's fibers are never resumed
+}
+
+void block_until_changed(const unsigned* generation, unsigned seen, const char* what) {
+  Fiber& f = fiber();
+  f.wait_generation = generation;
+  f.wait_seen = seen;
+  f.waiting_at = what;
+  yield();
+}
+
+// ------------------------------------------------------------------------- shared memory checks
+std::size_t shared_offset(const void* address, std::size_t bytes, std::size_t alignment, const char* what) {
+  Cta& c = cta();
+  const char* p = static_cast<const char*>(address);
+  if (p < c.shared || p + bytes > c.shared + c.shared_bytes)
+    fail("%s at %p is outside the CTA's %zu bytes of shared memory at %p", what, address, c.shared_bytes,
+         static_cast<const void*>(c.shared));
+  const std::size_t offset = std::size_t(p - c.shared);
+  if (offset % alignment != 0)
+    fail("%s at shared offset %zu is not aligned to %zu bytes", what, offset, alignment);
+  return offset;
+}
+
+bool ordered_in_warp(unsigned then_syncs, int other_thread, int thread) {
+  return warp_of(other_thread) == warp_of(thread) && cta().warps[warp_of(thread)].syncs != then_syncs;
+}
+
+void check_read(std::size_t offset, std::size_t bytes, int thread, const char* what) {
+  Cta& c = cta();
+  const WarpState& warp = c.warps[warp_of(thread)];
+  for (std::size_t w = offset / 4; w < (offset + bytes + 3) / 4; ++w) {
+    Word& word = c.words[w];
+    if (word.copying >= 0)
+      fail("%s reads shared offset %zu, which a cp.async of thread %d has not landed yet (no cp.async.wait%s)", what,
+           w * 4, word.copying, word.copying == thread ? "" : " and barrier");
+    if (word.write_epoch == never)
+      fail("%s reads shared offset %zu, which nothing wrote", what, w * 4);
+    if (word.write_epoch == c.epoch && word.writer != thread && !ordered_in_warp(word.writer_syncs, word.writer, thread))
+      fail("%s reads shared offset %zu, written by thread %d since the last barrier: a race", what, w * 4,
+           word.writer);
+    if (word.read_epoch != c.epoch) {
+      word.reader = short(thread);
+      word.reader_warp = short(warp_of(thread));
+    } else {
+      if (word.reader != thread) word.reader = -2;
+      if (word.reader_warp != warp_of(thread)) word.reader_warp = -2;
+    }
+    word.read_epoch = c.epoch;
+    word.reader_syncs = warp.syncs;
+  }
+}
+
+void check_write(std::size_t offset, std::size_t bytes, int thread, const char* what, bool copy) {
+  Cta& c = cta();
+  for (std::size_t w = offset / 4; w < (offset + bytes + 3) / 4; ++w) {
+    Word& word = c.words[w];
+    if (word.copying >= 0)
+      fail("%s writes shared offset %zu, which a cp.async of thread %d in flight writes", what, w * 4, word.copying);
+    const bool read_by_others =
+        word.read_epoch == c.epoch && word.reader != thread &&
+        !(word.reader_warp == warp_of(thread) && c.warps[warp_of(thread)].syncs != word.reader_syncs);
+    if (read_by_others)
+      fail("%s writes shared offset %zu, read since the last barrier by %s %d: a race", what, w * 4,
+           word.reader_warp == -2 ? "threads of several warps, one in warp" : "warp",
+           word.reader_warp == -2 ? warp_of(thread) : int(word.reader_warp));
+    if (word.write_epoch == c.epoch && word.writer != thread && !ordered_in_warp(word.writer_syncs, word.writer, thread))
+      fail("%s writes shared offset %zu, written by thread %d since the last barrier: a race", what, w * 4,
+           word.writer);
+    if (copy) {
+      word.copying = short(thread);
+    } else {
+      word.writer = short(thread);
+      word.write_epoch = c.epoch;
+      word.writer_syncs = c.warps[warp_of(thread)].syncs;
+    }
+  }
+}
+
+// The cp.async copies of the current thread land (cp.async.wait_all).
+void land_copies(Fiber& f) {
+  Cta& c = cta();
+  for (const Copy& copy : f.in_flight) {
+    const std::size_t offset = std::size_t(copy.shared - c.shared);
+    for (std::size_t w = offset / 4; w < offset / 4 + 4; ++w) {
+      Word& word = c.words[w];
+      word.copying = -1;
+      word.writer = short(f.thread);
+      word.write_epoch = c.epoch;
+      word.writer_syncs = c.warps[warp_of(f.thread)].syncs;
+    }
+    if (copy.fill)
+      std::memcpy(copy.shared, copy.global, 16);
+    else
+      std::memset(copy.shared, 0, 16);
+  }
+  f.in_flight.clear();
+}
+
+// ------------------------------------------------------------------------- the PTX ISA's layouts
+float bf16_value(std::uint16_t bits) {
+  const std::uint32_t u = std::uint32_t(bits) << 16;
+  float x;
+  std::memcpy(&x, &u, sizeof x);
+  return x;
+}
+float operand_value(Op op, std::uint16_t bits) { return op == Op::mma_bf16 ? bf16_value(bits) : float16_value(bits); }
+std::uint16_t half_of(std::uint32_t word, int half) { return std::uint16_t(half ? word >> 16 : word & 0xffffu); }
+
+// mma.m16n8k16, .bf16/.f16 (PTX ISA 9.7.13.4.8). groupID = laneid >> 2, threadID_in_group = laneid % 4.
+// A: a0..a7 (a_{2r}, a_{2r+1} in register r): row = groupID for ai with i < 2 or 4 <= i < 6, else
+//    groupID + 8; col = threadID_in_group * 2 + (i & 1) for i < 4, else + 8.
+// B: b0..b3 (b_{2r}, b_{2r+1} in register r): row = threadID_in_group * 2 + (i & 1) for i < 2,
+//    else + 8; col = groupID.
+// C, D: c0..c3: row = groupID for i < 2, else groupID + 8; col = threadID_in_group * 2 + (i & 1).
+void ptx_a_element(int lane, int i, int& row, int& col) {
+  const int group = lane >> 2, thread_in_group = lane % 4;
+  row = (i < 2 || (4 <= i && i < 6)) ? group : group + 8;
+  col = thread_in_group * 2 + (i & 1) + (i < 4 ? 0 : 8);
+}
+void ptx_b_element(int lane, int i, int& row, int& col) {
+  const int group = lane >> 2, thread_in_group = lane % 4;
+  row = thread_in_group * 2 + (i & 1) + (i < 2 ? 0 : 8);
+  col = group;
+}
+void ptx_c_element(int lane, int i, int& row, int& col) {
+  const int group = lane >> 2, thread_in_group = lane % 4;
+  row = i < 2 ? group : group + 8;
+  col = thread_in_group * 2 + (i & 1);
+}
+
+void execute_mma(WarpState& w) {
+  float a[16][16], b[16][8], c[16][8];
+  for (int lane = 0; lane < warp_size; ++lane) {
+    const LaneSlot& s = w.lanes[lane];
+    int row, col;
+    for (int i = 0; i < 8; ++i) {
+      ptx_a_element(lane, i, row, col);
+      a[row][col] = operand_value(w.op, half_of(s.a[i / 2], i % 2));
+    }
+    for (int i = 0; i < 4; ++i) {
+      ptx_b_element(lane, i, row, col);
+      b[row][col] = operand_value(w.op, half_of(s.b[i / 2], i % 2));
+    }
+    for (int i = 0; i < 4; ++i) {
+      ptx_c_element(lane, i, row, col);
+      c[row][col] = s.c[i];
+    }
+  }
+  for (int lane = 0; lane < warp_size; ++lane)
+    for (int i = 0; i < 4; ++i) {
+      int row, col;
+      ptx_c_element(lane, i, row, col);
+      double sum = c[row][col];  // the products of 16-bit values are exact; one rounding at the end
+      for (int k = 0; k < 16; ++k) sum += double(a[row][k]) * double(b[k][col]);
+      w.lanes[lane].out_c[i] = float(sum);
+    }
+  ++totals.mma;
+}
+
+// ldmatrix.m8n8.x4.b16 (PTX ISA 9.7.13.4.15): threads 0-7, 8-15, 16-23, 24-31 give the addresses of
+// the rows of matrices 0-3; register j of thread laneid receives matrix j's row laneid / 4, elements
+// 2 (laneid % 4) and 2 (laneid % 4) + 1; .trans loads each matrix in column-major order, so the
+// thread receives elements (rows) 2 (laneid % 4) and 2 (laneid % 4) + 1 of column laneid / 4.
+// A matrix is read in one shared-memory wavefront when its 8 rows of 16 bytes fall into distinct
+// banks; each bank that holds k distinct words costs k wavefronts.
+void execute_ldmatrix(WarpState& w, int first_thread) {
+  const bool trans = w.op == Op::ldmatrix_trans;
+  Cta& c = cta();
+  std::size_t offsets[warp_size];
+  for (int lane = 0; lane < warp_size; ++lane) offsets[lane] = shared_offset(w.lanes[lane].row, 16, 16, name(w.op));
+  for (int lane = 0; lane < warp_size; ++lane) check_read(offsets[lane], 16, first_thread + lane, name(w.op));
+  for (int j = 0; j < 4; ++j) {
+    std::size_t words_of_bank[32][8];
+    int count[32] = {}, wavefronts = 1;
+    for (int r = 0; r < 8; ++r) {
+      const std::size_t first = std::size_t(w.lanes[8 * j + r].row - c.shared) / 4;
+      for (std::size_t word = first; word < first + 4; ++word) {
+        const int bank = int(word % 32);
+        bool seen = false;
+        for (int n = 0; n < count[bank]; ++n) seen = seen || words_of_bank[bank][n] == word;
+        if (!seen) words_of_bank[bank][count[bank]++] = word;
+        if (count[bank] > wavefronts) wavefronts = count[bank];
+      }
+    }
+    totals.ldmatrix_conflict_wavefronts += wavefronts - 1;
+  }
+  for (int lane = 0; lane < warp_size; ++lane)
+    for (int j = 0; j < 4; ++j) {
+      std::uint16_t lo, hi;
+      if (!trans) {
+        const char* row = w.lanes[8 * j + lane / 4].row;
+        std::memcpy(&lo, row + 2 * (2 * (lane % 4)), 2);
+        std::memcpy(&hi, row + 2 * (2 * (lane % 4) + 1), 2);
+      } else {
+        std::memcpy(&lo, w.lanes[8 * j + 2 * (lane % 4)].row + 2 * (lane / 4), 2);
+        std::memcpy(&hi, w.lanes[8 * j + 2 * (lane % 4) + 1].row + 2 * (lane / 4), 2);
+      }
+      w.lanes[lane].out[j] = std::uint32_t(lo) | std::uint32_t(hi) << 16;
+    }
+  ++totals.ldmatrix;
+}
+
+void execute_shfl(WarpState& w) {
+  for (int lane = 0; lane < warp_size; ++lane) {
+    const int source = lane ^ w.lanes[lane].lane_mask;
+    if (source < 0 || source >= warp_size) fail("shfl_xor with lane mask %d", w.lanes[lane].lane_mask);
+    w.lanes[lane].out_value = w.lanes[source].value;
+  }
+  ++totals.shuffles;
+}
+
+// Arrives at a collective of the warp with this lane's inputs in its slot (filled by `fill`);
+// the last lane to arrive computes it; returns this lane's slot with the outputs.
+template <class Fill>
+LaneSlot& collective(Op op, const Fill& fill) {
+  Cta& c = cta();
+  Fiber& f = fiber();
+  const int warp = warp_of(f.thread), lane = f.thread % warp_size;
+  WarpState& w = c.warps[warp];
+  if (w.arrived == 0)
+    w.op = op;
+  else if (w.op != op)
+    fail("reaches %s while lanes of warp %d wait at %s: the warp diverged at a collective", name(op), warp,
+         name(w.op));
+  LaneSlot& slot = w.lanes[lane];
+  fill(slot);
+  const unsigned seen = w.generation;
+  if (++w.arrived == warp_size) {
+    switch (op) {
+      case Op::shfl: execute_shfl(w); break;
+      case Op::ldmatrix:
+      case Op::ldmatrix_trans: execute_ldmatrix(w, warp * warp_size); break;
+      case Op::mma_bf16:
+      case Op::mma_f16: execute_mma(w); break;
+      case Op::sync_warp: ++w.syncs; break;
+    }
+    w.arrived = 0;
+    ++w.generation;
+  } else {
+    block_until_changed(&w.generation, seen, name(op));
+  }
+  return slot;
+}
+
+void fiber_main() {
+  Cta& c = cta();
+  Fiber& f = fiber();
+  finish_switch(nullptr, &c.scheduler_stack, &c.scheduler_stack_size);
+  c.body(c.program, c.index, c.shared);
+  if (!f.in_flight.empty()) fail("finishes with %zu cp.async copies never waited for", f.in_flight.size());
+  if (c.barrier_arrived > 0) fail("finishes while %d threads wait at a CTA barrier", c.barrier_arrived);
+  if (c.warps[warp_of(f.thread)].arrived > 0)
+    fail("finishes while lanes of its warp wait at %s", name(c.warps[warp_of(f.thread)].op));
+  f.finished = true;
+  ++c.finished;
+  yield(true);
+  std::abort();  // a finished fiber is never resumed
+}
+
+void resume(Cta& c, Fiber& f) {
+  c.current = &f;
+  f.wait_generation = nullptr;
+  start_switch(&c.scheduler_fake_stack, f.stack, stack_bytes);
+  switch_context(c.scheduler, f.context);
+  finish_switch(c.scheduler_fake_stack, nullptr, nullptr);
+}
+
+void run_cta(Cta& c) {
+  std::vector<Fiber>& fibers = *c.fibers;
+  for (int t = 0; t < c.threads; ++t) {
+    Fiber& f = fibers[t];
+    f.thread = t;
+    f.finished = false;
+    f.wait_generation = nullptr;
+    f.in_flight.clear();
+    f.fake_stack = nullptr;
+    f.stack = stacks.get(std::size_t(t));
+    make_context(f.context, f.stack, stack_bytes, fiber_main);
+  }
+  while (c.finished < c.threads && !c.failed) {
+    bool ran = false;
+    for (Fiber& f : fibers) {
+      if (f.finished || (f.wait_generation != nullptr && *f.wait_generation == f.wait_seen)) continue;
+      resume(c, f);
+      ran = true;
+      if (c.failed) return;
+    }
+    if (!ran) {  // every unfinished thread waits for one that never comes
+      int shown = std::snprintf(c.message, sizeof c.message,
+                                "longattn tensor-core emulator: CTA %d deadlocks; waiting:", c.index);
+      for (const Fiber& f : fibers)
+        if (!f.finished && shown < int(sizeof c.message) - 64)
+          shown += std::snprintf(c.message + shown, sizeof c.message - shown, " thread %d at %s;", f.thread,
+                                 f.waiting_at);
+      c.failed = true;
+      return;
+    }
+  }
+}
+
+}  // namespace
+
+void Emulator::run(const void* program, Body body, int ctas, int threads, std::size_t shared_bytes) {
+  const char* where = "longattn::detail::tensor_core::Emulator::run";
+  require(threads > 0 && threads % warp_size == 0 && threads <= 1024, where, "threads", threads,
+          "a multiple of 32 in [32, 1024]");
+  require(shared_bytes <= shared_limit, where, "shared_bytes", shared_bytes, "at most 227 KiB (an H100's limit)");
+  require(ctas >= 0, where, "ctas", ctas, "a count >= 0");
+  require(active == nullptr, where, "program", "an emulation inside an emulation", "one grid at a time per thread");
+  if (ctas == 0) return;
+  // Shared memory starts as 0xff bytes (16-bit NaNs): reading what nothing wrote is also reported.
+  const std::size_t allocated = (shared_bytes + 127) / 128 * 128 + 128;
+  std::unique_ptr<char, void (*)(void*)> shared(static_cast<char*>(std::aligned_alloc(128, allocated)), std::free);
+  if (fiber_pool.size() < std::size_t(threads)) fiber_pool.resize(std::size_t(threads));
+  Cta c;
+  c.threads = threads;
+  c.shared = shared.get();
+  c.shared_bytes = shared_bytes;
+  c.fibers = &fiber_pool;
+  c.program = program;
+  c.body = body;
+  c.warps.resize(std::size_t(threads / warp_size));
+  active = &c;
+  for (int cta = 0; cta < ctas && !c.failed; ++cta) {
+    c.index = cta;
+    c.finished = 0;
+    c.barrier_arrived = 0;
+    c.epoch = 0;
+    for (WarpState& w : c.warps) w.arrived = 0;
+    c.words.assign((shared_bytes + 3) / 4, Word{});
+    std::memset(c.shared, 0xff, allocated);
+    run_cta(c);
+    ++totals.ctas;
+  }
+  active = nullptr;
+  if (c.failed) throw Error(c.message);
+}
+
+EmulationCounters Emulator::counters() { return totals; }
+void Emulator::reset_counters() { totals = EmulationCounters{}; }
+
+int EmulatedWarp::thread() { return fiber().thread; }
+
+void EmulatedWarp::sync_cta() {
+  Cta& c = cta();
+  if (c.finished > 0) fail("reaches a CTA barrier after %d threads finished", c.finished);
+  const unsigned seen = c.barrier_generation;
+  if (++c.barrier_arrived == c.threads) {
+    c.barrier_arrived = 0;
+    ++c.barrier_generation;
+    ++c.epoch;
+    ++totals.barriers;
+  } else {
+    block_until_changed(&c.barrier_generation, seen, "a CTA barrier");
+  }
+}
+
+void EmulatedWarp::sync_warp() {
+  collective(Op::sync_warp, [](LaneSlot&) {});
+}
+
+float EmulatedWarp::shfl_xor(float value, int lane_mask) {
+  return collective(Op::shfl, [&](LaneSlot& s) {
+           s.value = value;
+           s.lane_mask = lane_mask;
+         }).out_value;
+}
+
+void EmulatedWarp::ldmatrix_x4(std::uint32_t (&r)[4], const void* row) {
+  const LaneSlot& s = collective(Op::ldmatrix, [&](LaneSlot& slot) { slot.row = static_cast<const char*>(row); });
+  for (int j = 0; j < 4; ++j) r[j] = s.out[j];
+}
+
+void EmulatedWarp::ldmatrix_x4_trans(std::uint32_t (&r)[4], const void* row) {
+  const LaneSlot& s =
+      collective(Op::ldmatrix_trans, [&](LaneSlot& slot) { slot.row = static_cast<const char*>(row); });
+  for (int j = 0; j < 4; ++j) r[j] = s.out[j];
+}
+
+void EmulatedWarp::mma_impl(Operand type, float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0,
+                            std::uint32_t b1) {
+  const LaneSlot& s = collective(type == Operand::bf16 ? Op::mma_bf16 : Op::mma_f16, [&](LaneSlot& slot) {
+    for (int r = 0; r < 4; ++r) slot.a[r] = a[r];
+    slot.b[0] = b0;
+    slot.b[1] = b1;
+    for (int i = 0; i < 4; ++i) slot.c[i] = d[i];
+  });
+  for (int i = 0; i < 4; ++i) d[i] = s.out_c[i];
+}
+
+void EmulatedWarp::cp_async_16(void* shared, const void* global, bool fill) {
+  Fiber& f = fiber();
+  const std::size_t offset = shared_offset(shared, 16, 16, "cp.async");
+  if (fill && reinterpret_cast<std::uintptr_t>(global) % 16 != 0)
+    fail("cp.async from global address %p, not aligned to 16 bytes", global);
+  check_write(offset, 16, f.thread, "cp.async", true);
+  f.in_flight.push_back({static_cast<char*>(shared), static_cast<const char*>(global), fill});
+  ++totals.cp_async;
+}
+
+void EmulatedWarp::cp_async_commit() {}  // groups matter only to wait_group N, which the kernels do not use
+
+void EmulatedWarp::cp_async_wait_all() { land_copies(fiber()); }
+
+void EmulatedWarp::atomic_add_pair(float* global, float x, float y) {
+  if (reinterpret_cast<std::uintptr_t>(global) % 8 != 0)
+    fail("red.global.add.v2.f32 at %p, not aligned to 8 bytes", static_cast<void*>(global));
+  global[0] += x;
+  global[1] += y;
+  ++totals.atomics;
+}
+
+float EmulatedWarp::exp2(float x) {
+  const float y = std::exp2(x);
+  return y < std::numeric_limits<float>::min() ? 0.0f : y;  // .ftz: subnormal results flush to zero
+}
+
+void EmulatedWarp::store_shared_bytes(void* address, const void* value, std::size_t bytes) {
+  const std::size_t offset = shared_offset(address, bytes, bytes, "a shared-memory store");
+  check_write(offset, bytes, fiber().thread, "a shared-memory store", false);
+  std::memcpy(address, value, bytes);
+}
+
+void EmulatedWarp::load_shared_bytes(const void* address, void* value, std::size_t bytes) {
+  const std::size_t offset = shared_offset(address, bytes, bytes, "a shared-memory load");
+  check_read(offset, bytes, fiber().thread, "a shared-memory load");
+  std::memcpy(value, address, bytes);
+}
+
+}  // namespace longattn::detail::tensor_core

@@ -1,0 +1,565 @@
+// The tensor-core kernels (core/detail/tensor_core/) without a GPU: their warp operations on the
+// host emulation (emulated_warp.hpp), which computes every collective from the PTX ISA's tables,
+// and the attention entry points in the EmulatedTensorCoreTiles configuration against the
+// double reference. The same fragment and index code runs on the device (TensorCoreTiles on
+// Kokkos::Cuda, where test_attention.cpp's cases run it).
+//
+//   - the fragment helpers (fragments.hpp) against products computed directly: ldmatrix and
+//     ldmatrix.trans into A and B operands, mma.sync, accumulators reused as an A operand;
+//   - the padded tiles read without bank conflicts (and unpadded ones with them);
+//   - the emulation's own checks: a missing barrier, a read before cp.async.wait, a misaligned
+//     cp.async, a warp that diverges at a collective;
+//   - forward and backward (one pass with atomics, and the deterministic two passes) for
+//     bfloat16 and float16, head dims 64 and 128 (forward 256), odd sizes, Nq != Nk with global
+//     offsets, causal or not, output_scale and the accumulating options, block-sparse layouts;
+//     calls the kernels do not take (other head dims, strides) run the portable kernels.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <sstream>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "longattn/core/attention.hpp"
+#include "longattn/core/block_sparse_patterns.hpp"
+#include "longattn/core/detail/tensor_core/emulated_warp.hpp"
+#include "longattn/core/detail/tensor_core/fragments.hpp"
+#include "longattn/core/detail/tensor_core/kernels.hpp"
+#include "reference/attention.hpp"
+#include "reference/block_sparse.hpp"
+#include "reference/random.hpp"
+#include "reference/tensors.hpp"
+
+namespace {
+
+namespace tc = longattn::detail::tensor_core;
+using tc::EmulatedWarp;
+using tc::Emulator;
+using longattn::test::HostRows;
+using longattn::test::HostTensor;
+using longattn::test::random_tensor;
+using longattn::test::relative_error;
+
+// ---------------------------------------------------------------------------------------------
+// Warp-level products: one warp, tiles of bfloat16 in shared memory, results to global.
+
+// A row-major [rows][columns] matrix of bfloat16 with its values as doubles.
+struct Matrix {
+  int rows, columns;
+  std::vector<std::uint16_t> bits;
+  std::vector<double> values;
+  Matrix(int r, int c, std::mt19937_64& rng) : rows(r), columns(c), bits(std::size_t(r) * c), values(bits.size()) {
+    std::uniform_real_distribution<double> uniform(-1.0, 1.0);
+    for (std::size_t i = 0; i < bits.size(); ++i) {
+      const longattn::bfloat16 x(uniform(rng));
+      bits[i] = x.bits;
+      values[i] = float(x);
+    }
+  }
+  double operator()(int r, int c) const { return values[std::size_t(r) * columns + c]; }
+};
+
+// Copies a matrix into a tile of 64 columns (rows < 64) with plain shared stores, lane by lane.
+void store_tile(char* tile, const Matrix& m, int lane) {
+  for (int r = 0; r < m.rows; ++r)
+    for (int c = 2 * lane; c < 64; c += 64) {
+      const std::uint32_t lo = c < m.columns ? m.bits[std::size_t(r) * m.columns + c] : 0;
+      const std::uint32_t hi = c + 1 < m.columns ? m.bits[std::size_t(r) * m.columns + c + 1] : 0;
+      EmulatedWarp::store_shared(tile + tc::tile_offset(r, c, 64), lo | hi << 16);
+    }
+}
+
+// The product a warp computes: D = A B with A [16][16] and B [16][16] (two n-tiles), each given as
+// stored (A as rows, or transposed; B as [k][n] rows, or as [n][k] rows), then D (16 x 16) used as
+// the A operand of E = D C, C [16][8] stored as [k][n].
+struct WarpProduct {
+  static constexpr int threads = 32;
+  static constexpr std::size_t shared_bytes = 3 * tc::tile_bytes(64, 64);
+  const Matrix *a, *b, *c;
+  bool a_transposed, b_transposed;  // stored as A^T [k][m], B^T [n][k]
+  float* d;                         // [16][16]
+  float* e;                         // [16][8]
+
+  void operator()(int, char* shared) const {
+    const int lane = EmulatedWarp::thread();
+    char *ta = shared, *tb = shared + tc::tile_bytes(64, 64), *tcm = shared + 2 * tc::tile_bytes(64, 64);
+    store_tile(ta, *a, lane);
+    store_tile(tb, *b, lane);
+    store_tile(tcm, *c, lane);
+    EmulatedWarp::sync_warp();
+    std::uint32_t fa[4], fb[4];
+    if (a_transposed)
+      EmulatedWarp::ldmatrix_x4_trans(fa, ta + tc::a_trans_address(lane, 0, 0, 64));
+    else
+      EmulatedWarp::ldmatrix_x4(fa, ta + tc::a_address(lane, 0, 0, 64));
+    if (b_transposed)
+      EmulatedWarp::ldmatrix_x4(fb, tb + tc::b_address(lane, 0, 0, 64));
+    else
+      EmulatedWarp::ldmatrix_x4_trans(fb, tb + tc::b_trans_address(lane, 0, 0, 64));
+    float acc[2][4] = {};
+    EmulatedWarp::mma<tc::Operand::bf16>(acc[0], fa, fb[0], fb[1]);
+    EmulatedWarp::mma<tc::Operand::bf16>(acc[1], fa, fb[2], fb[3]);
+    for (int n = 0; n < 2; ++n)
+      for (int i = 0; i < 4; ++i)
+        d[tc::accumulator_row(lane, i) * 16 + 8 * n + tc::accumulator_col(lane, i)] = acc[n][i];
+    std::uint32_t from_d[4], fc[4];
+    tc::a_from_accumulators<EmulatedWarp, tc::Operand::bf16>(acc, 0, from_d);
+    EmulatedWarp::ldmatrix_x4_trans(fc, tcm + tc::b_trans_address(lane, 0, 0, 64));
+    float out[4] = {};
+    EmulatedWarp::mma<tc::Operand::bf16>(out, from_d, fc[0], fc[1]);
+    for (int i = 0; i < 4; ++i) e[tc::accumulator_row(lane, i) * 8 + tc::accumulator_col(lane, i)] = out[i];
+  }
+};
+
+}  // namespace
+
+TEST_CASE("tensor-core fragments: ldmatrix, mma.sync and accumulators as operands give the products",
+          "[core][tensor_cores]") {
+  std::mt19937_64 rng(longattn::test::test_seed());
+  INFO("seed " << longattn::test::test_seed());
+  for (bool a_transposed : {false, true})
+    for (bool b_transposed : {false, true}) {
+      const Matrix a(16, 16, rng), b(16, 16, rng), c(16, 8, rng);
+      // As stored: A [m][k] or A^T [k][m]; B [k][n] or B^T [n][k].
+      Matrix a_stored = a, b_stored = b;
+      for (int i = 0; i < 16; ++i)
+        for (int j = 0; j < 16; ++j) {
+          if (a_transposed) {
+            a_stored.bits[i * 16 + j] = a.bits[j * 16 + i];
+            a_stored.values[i * 16 + j] = a.values[j * 16 + i];
+          }
+          if (b_transposed) {
+            b_stored.bits[i * 16 + j] = b.bits[j * 16 + i];
+            b_stored.values[i * 16 + j] = b.values[j * 16 + i];
+          }
+        }
+      std::vector<float> d(16 * 16, -1.0f), e(16 * 8, -1.0f);
+      Emulator::run(WarpProduct{&a_stored, &b_stored, &c, a_transposed, b_transposed, d.data(), e.data()}, 1);
+      INFO("A " << (a_transposed ? "transposed" : "as rows") << ", B " << (b_transposed ? "transposed" : "as rows"));
+      double worst_d = 0, worst_e = 0;
+      for (int i = 0; i < 16; ++i)
+        for (int j = 0; j < 16; ++j) {
+          double sum = 0;
+          for (int k = 0; k < 16; ++k) sum += a(i, k) * b(k, j);
+          worst_d = std::max(worst_d, std::abs(sum - d[i * 16 + j]));
+        }
+      for (int i = 0; i < 16; ++i)
+        for (int j = 0; j < 8; ++j) {
+          double sum = 0;  // D rounded to bfloat16, as the kernels pack probabilities
+          for (int k = 0; k < 16; ++k) sum += double(float(longattn::bfloat16(d[i * 16 + k]))) * c(k, j);
+          worst_e = std::max(worst_e, std::abs(sum - e[i * 8 + j]));
+        }
+      CHECK(worst_d < 1e-5);
+      CHECK(worst_e < 1e-5);
+    }
+}
+
+TEST_CASE("tensor-core fragments: the PTX ISA's layouts, lane by lane", "[core][tensor_cores]") {
+  // Spot values read off the PTX ISA's figures for mma.m16n8k16 (.bf16/.f16): lane 5 is group 1,
+  // thread 1 of its group.
+  CHECK(tc::accumulator_row(5, 0) == 1);
+  CHECK(tc::accumulator_col(5, 0) == 2);
+  CHECK(tc::accumulator_row(5, 3) == 9);
+  CHECK(tc::accumulator_col(5, 3) == 3);
+  CHECK(tc::accumulator_row(31, 2) == 15);
+  CHECK(tc::accumulator_col(31, 1) == 7);
+  // ldmatrix.x4: lanes 8-15 give matrix 1's rows; for an A operand matrix 1 is rows 8-15, columns 0-7.
+  CHECK(tc::a_address(9, 0, 0, 64) == tc::tile_offset(9, 0, 64));
+  CHECK(tc::a_address(17, 0, 0, 64) == tc::tile_offset(1, 8, 64));
+  // Rows padded by 16 bytes.
+  CHECK(tc::tile_offset(3, 8, 64) == 3 * 144 + 16);
+  CHECK(tc::tile_offset(10, 17, 128) == 10 * 272 + 34);
+}
+
+namespace {
+
+// Reads a [64][64] bfloat16 tile by ldmatrix, every A operand of it, with rows padded or not.
+struct TileReads {
+  static constexpr int threads = 32;
+  static constexpr std::size_t shared_bytes = tc::tile_bytes(64, 64);
+  bool padded;
+  void operator()(int, char* shared) const {
+    const int lane = EmulatedWarp::thread();
+    for (std::size_t chunk = lane; chunk < shared_bytes / 16; chunk += 32)
+      EmulatedWarp::store_shared(shared + chunk * 16, tc::Chunk{});
+    EmulatedWarp::sync_warp();
+    for (int m0 = 0; m0 < 64; m0 += 16)
+      for (int k0 = 0; k0 < 64; k0 += 16) {
+        std::uint32_t r[4];
+        const int row = m0 + (lane & 7) + 8 * ((lane >> 3) & 1), column = k0 + 8 * (lane >> 4);
+        EmulatedWarp::ldmatrix_x4(r, shared + (padded ? tc::a_address(lane, m0, k0, 64) : (row * 64 + column) * 2));
+      }
+  }
+};
+
+}  // namespace
+
+TEST_CASE("tensor-core fragments: padded tiles are read without bank conflicts", "[core][tensor_cores]") {
+  Emulator::reset_counters();
+  Emulator::run(TileReads{true}, 1);
+  CHECK(Emulator::counters().ldmatrix == 16);
+  CHECK(Emulator::counters().ldmatrix_conflict_wavefronts == 0);
+  Emulator::reset_counters();
+  Emulator::run(TileReads{false}, 1);  // rows of 128 bytes: the 8 rows of a matrix share 4 banks
+  CHECK(Emulator::counters().ldmatrix_conflict_wavefronts == 16 * 4 * 7);
+}
+
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// Attention on tensor cores: through the emulation on a host space, and (CUDA builds) on the GPU.
+struct Emulated {
+  using Exec = Kokkos::DefaultHostExecutionSpace;
+  using Tiles = longattn::EmulatedTensorCoreTiles;
+  static constexpr bool emulated = true;
+};
+#ifdef KOKKOS_ENABLE_CUDA
+struct OnGpu {
+  using Exec = Kokkos::Cuda;
+  using Tiles = longattn::TensorCoreTiles;
+  static constexpr bool emulated = false;
+};
+using Targets = std::tuple<Emulated, OnGpu>;
+#else
+using Targets = std::tuple<Emulated>;
+#endif
+
+struct Shape {
+  int batch, queries, keys, heads, head_dim;
+  std::int64_t query_offset = 0, key_offset = 0;
+};
+
+std::string describe(const Shape& s, bool causal) {
+  std::ostringstream out;
+  out << "B " << s.batch << " Nq " << s.queries << " Nk " << s.keys << " H " << s.heads << " D " << s.head_dim
+      << " offsets " << s.query_offset << "/" << s.key_offset << (causal ? " causal" : "") << ", seed "
+      << longattn::test::test_seed();
+  return out.str();
+}
+
+// How the backward pass sums dQ.
+enum class Form { atomic, deterministic, two_passes };
+const char* name(Form form) {
+  return form == Form::atomic ? "one pass, atomic dQ" : form == Form::deterministic ? "deterministic" : "two passes";
+}
+
+// The tolerances of the tensor-core kernels: the 16-bit type's (tensors.hpp) times 2, for the
+// probabilities and dS rounded to 16 bits before their products (as FlashAttention does).
+template <class T>
+double tensor_core_tolerance() {
+  return 2 * longattn::test::tolerance<T>();
+}
+
+// One call of forward and backward, what it asks and what it should run on.
+template <class Exec>
+struct Run {
+  Shape s;
+  bool causal = false;
+  Form form = Form::atomic;
+  double output_scale = 1;
+  bool accumulate_gradients = false;                          // dq, dk, dv start random
+  const longattn::BlockSparseLayout<Exec>* layout = nullptr;  // with `mask`, its pattern
+  const longattn::test::BlockMask* mask = nullptr;
+  bool forward_on_tensor_cores = true, backward_on_tensor_cores = true;
+};
+
+// Forward and backward against the reference, at the tensor-core tolerance where the tensor-core
+// kernels ran (they must have run exactly where `run` says), else the portable kernels'.
+template <class Target, class T>
+void check_attention(const Run<typename Target::Exec>& run, std::mt19937_64& rng) {
+  using Exec = typename Target::Exec;
+  using Tiles = typename Target::Tiles;
+  using Memory = typename Exec::memory_space;
+  using Device4 = Kokkos::View<T****, Kokkos::LayoutRight, Memory>;
+  const Shape& s = run.s;
+  INFO(describe(s, run.causal) << ", " << longattn::detail::scalar_name<T>() << ", " << name(run.form)
+                               << ", output scale " << run.output_scale
+                               << (run.accumulate_gradients ? ", accumulating gradients" : "")
+                               << (run.layout ? ", block-sparse" : "") << ", on " << Exec::name());
+  const HostTensor q = random_tensor<T>(s.batch, s.queries, s.heads, s.head_dim, rng);
+  const HostTensor k = random_tensor<T>(s.batch, s.keys, s.heads, s.head_dim, rng);
+  const HostTensor v = random_tensor<T>(s.batch, s.keys, s.heads, s.head_dim, rng);
+  const HostTensor d_o = random_tensor<T>(s.batch, s.queries, s.heads, s.head_dim, rng);
+  HostTensor o_ref("o", s.batch, s.queries, s.heads, s.head_dim);
+  HostRows lse_ref("lse", s.batch, s.heads, s.queries);
+  HostTensor dq_ref("dq", s.batch, s.queries, s.heads, s.head_dim);
+  HostTensor dk_ref("dk", s.batch, s.keys, s.heads, s.head_dim), dv_ref("dv", s.batch, s.keys, s.heads, s.head_dim);
+  longattn::test::ReferenceOptions ref_opts = run.mask ? run.mask->options(run.causal) : longattn::test::ReferenceOptions{};
+  ref_opts.causal = run.causal;
+  ref_opts.query_offset = s.query_offset;
+  ref_opts.key_offset = s.key_offset;
+  longattn::test::reference_attention_forward(q, k, v, o_ref, lse_ref, ref_opts);
+  longattn::test::reference_attention_backward(q, k, v, d_o, dq_ref, dk_ref, dv_ref, ref_opts);
+  // o = output_scale softmax(...) v; its gradients scale with it.
+  for (const HostTensor& x : {o_ref, dq_ref, dk_ref, dv_ref})
+    for (std::size_t i = 0; i < x.span(); ++i) x.data()[i] *= run.output_scale;
+
+  auto qd = longattn::test::to_device<T, Memory>(q), kd = longattn::test::to_device<T, Memory>(k);
+  auto vd = longattn::test::to_device<T, Memory>(v), dod = longattn::test::to_device<T, Memory>(d_o);
+  Device4 o("o", s.batch, s.queries, s.heads, s.head_dim), dq("dq", s.batch, s.queries, s.heads, s.head_dim);
+  Device4 dk("dk", s.batch, s.keys, s.heads, s.head_dim), dv("dv", s.batch, s.keys, s.heads, s.head_dim);
+  Kokkos::View<float***, Memory> lse("lse", s.batch, s.heads, s.queries);
+  if (run.accumulate_gradients) {  // the gradients are added to what dq, dk, dv hold
+    const HostTensor dq0 = random_tensor<T>(s.batch, s.queries, s.heads, s.head_dim, rng);
+    const HostTensor dk0 = random_tensor<T>(s.batch, s.keys, s.heads, s.head_dim, rng);
+    const HostTensor dv0 = random_tensor<T>(s.batch, s.keys, s.heads, s.head_dim, rng);
+    Kokkos::deep_copy(dq, longattn::test::to_device<T, Memory>(dq0));
+    Kokkos::deep_copy(dk, longattn::test::to_device<T, Memory>(dk0));
+    Kokkos::deep_copy(dv, longattn::test::to_device<T, Memory>(dv0));
+    for (std::size_t i = 0; i < dq_ref.span(); ++i) dq_ref.data()[i] += dq0.data()[i];
+    for (std::size_t i = 0; i < dk_ref.span(); ++i) dk_ref.data()[i] += dk0.data()[i];
+    for (std::size_t i = 0; i < dv_ref.span(); ++i) dv_ref.data()[i] += dv0.data()[i];
+  } else {  // stale values: everything must be written
+    Kokkos::deep_copy(o, T(7.0));
+    Kokkos::deep_copy(lse, 7.0f);
+    Kokkos::deep_copy(dq, T(7.0));
+    Kokkos::deep_copy(dk, T(7.0));
+    Kokkos::deep_copy(dv, T(7.0));
+  }
+  longattn::AttentionOptions opts;
+  opts.causal = run.causal;
+  opts.query_offset = s.query_offset;
+  opts.key_offset = s.key_offset;
+  opts.output_scale = run.output_scale;
+  opts.accumulate_gradients = run.accumulate_gradients;
+  opts.deterministic = run.form == Form::deterministic;
+  if (run.form == Form::two_passes) opts.backward_passes = longattn::BackwardPasses::two;
+  const Exec exec;
+  std::int64_t grids = tc::launched_grids();
+  if (run.layout)
+    longattn::attention_forward<Tiles>(exec, qd, kd, vd, o, lse, opts, *run.layout);
+  else
+    longattn::attention_forward<Tiles>(exec, qd, kd, vd, o, lse, opts);
+  CHECK((tc::launched_grids() > grids) == run.forward_on_tensor_cores);
+  grids = tc::launched_grids();
+  Emulator::reset_counters();
+  if (run.layout)
+    longattn::attention_backward<Tiles>(exec, qd, kd, vd, o, dod, lse, dq, dk, dv, opts, *run.layout);
+  else
+    longattn::attention_backward<Tiles>(exec, qd, kd, vd, o, dod, lse, dq, dk, dv, opts);
+  CHECK((tc::launched_grids() > grids) == run.backward_on_tensor_cores);
+  if (Target::emulated)  // dQ summed by atomics exactly in the one-pass form
+    CHECK((Emulator::counters().atomics > 0) == (run.backward_on_tensor_cores && run.form == Form::atomic));
+  exec.fence();
+
+  const double forward_tolerance =
+      run.forward_on_tensor_cores ? tensor_core_tolerance<T>() : longattn::test::tolerance<T>();
+  // Accumulating, a gradient is rounded twice (the pass's value, then the sum).
+  const double backward_tolerance =
+      (run.accumulate_gradients ? 2 : 1) *
+      (run.backward_on_tensor_cores ? tensor_core_tolerance<T>() : longattn::test::gradient_tolerance<T>());
+  CHECK(relative_error(longattn::test::to_host(o), o_ref) <= forward_tolerance);
+  CHECK(relative_error(longattn::test::to_host(lse), lse_ref) <= forward_tolerance);
+  CHECK(relative_error(longattn::test::to_host(dq), dq_ref) <= backward_tolerance);
+  CHECK(relative_error(longattn::test::to_host(dk), dk_ref) <= backward_tolerance);
+  CHECK(relative_error(longattn::test::to_host(dv), dv_ref) <= backward_tolerance);
+}
+
+}  // namespace
+
+TEMPLATE_LIST_TEST_CASE("tensor-core attention matches the double reference", "[core][tensor_cores]", Targets) {
+  std::mt19937_64 rng(longattn::test::test_seed());
+  const Shape shapes[] = {
+      {1, 1, 1, 1, 64},
+      {2, 67, 67, 3, 64},
+      {2, 100, 37, 2, 64, 50, 20},
+      {1, 130, 200, 2, 128, 150, 0},
+      {1, 65, 129, 2, 128, 0, 64},  // causal: the first 64 queries see no key
+      {1, 300, 260, 1, 64},         // three pairs of query blocks, the last one short
+  };
+  for (const Shape& s : shapes)
+    for (bool causal : {false, true})
+      for (Form form : {Form::atomic, Form::deterministic}) {
+        const Run<typename TestType::Exec> run{s, causal, form};
+        check_attention<TestType, longattn::bfloat16>(run, rng);
+        check_attention<TestType, longattn::float16>(run, rng);
+      }
+}
+
+TEMPLATE_LIST_TEST_CASE("tensor-core attention: two passes, output_scale, accumulated gradients, other head dims",
+                        "[core][tensor_cores]", Targets) {
+  using Run = Run<typename TestType::Exec>;
+  std::mt19937_64 rng(longattn::test::test_seed());
+  const Shape s{2, 100, 150, 2, 64, 80, 0};
+  for (bool causal : {false, true}) {
+    check_attention<TestType, longattn::bfloat16>(Run{s, causal, Form::two_passes}, rng);
+    check_attention<TestType, longattn::bfloat16>(Run{s, causal, Form::atomic, 0.25}, rng);
+    check_attention<TestType, longattn::float16>(Run{s, causal, Form::deterministic, 1.5, true}, rng);
+    check_attention<TestType, longattn::bfloat16>(Run{s, causal, Form::atomic, 1, true}, rng);
+  }
+  // Head dim 256: the forward pass on tensor cores, the backward on the portable kernels.
+  Run wide{{1, 130, 90, 1, 256, 40, 0}, true, Form::atomic};
+  wide.backward_on_tensor_cores = false;
+  check_attention<TestType, longattn::bfloat16>(wide, rng);
+  wide.causal = false;
+  check_attention<TestType, longattn::float16>(wide, rng);
+  // Head dims without programs, and float: the portable kernels.
+  Run other{{1, 70, 70, 2, 32}, true, Form::atomic};
+  other.forward_on_tensor_cores = other.backward_on_tensor_cores = false;
+  check_attention<TestType, longattn::bfloat16>(other, rng);
+  other.s.head_dim = 96;
+  check_attention<TestType, longattn::float16>(other, rng);
+  check_attention<TestType, float>(other, rng);
+}
+
+TEMPLATE_LIST_TEST_CASE("tensor-core attention: block-sparse layouts visit only their blocks", "[core][tensor_cores]",
+                        Targets) {
+  using Exec = typename TestType::Exec;
+  using Run = Run<Exec>;
+  std::mt19937_64 rng(longattn::test::test_seed());
+  const Exec exec;
+  for (const Shape& s : {Shape{2, 300, 300, 2, 64}, Shape{1, 200, 330, 3, 128}}) {
+    longattn::BlockSparseShape shape;
+    shape.block = longattn::attention_block_size<Exec, longattn::bfloat16, typename TestType::Tiles>();
+    shape.queries = s.queries;
+    shape.keys = s.keys;
+    shape.batch = s.batch;
+    shape.heads = s.heads;
+    // A random mask with an empty row (pattern 0, query block 1) and an empty column (last
+    // pattern, key block 0).
+    std::vector<std::uint8_t> keep(std::size_t(shape.rows()) * shape.key_blocks());
+    for (auto& x : keep) x = rng() % 2;
+    const int QB = shape.query_blocks(), KB = shape.key_blocks();
+    for (int kb = 0; kb < KB; ++kb) keep[std::size_t(1) * KB + kb] = 0;
+    for (int qb = 0; qb < QB; ++qb) keep[(std::size_t(shape.patterns() - 1) * QB + qb) * KB] = 0;
+    const auto layout = longattn::mask_layout(exec, shape, keep);
+    bool consistent = false;
+    const longattn::test::BlockMask mask = longattn::test::read_layout(layout, consistent);
+    REQUIRE(consistent);
+    for (Form form : {Form::atomic, Form::deterministic}) {
+      Run run{s, false, form};
+      run.layout = &layout;
+      run.mask = &mask;
+      check_attention<TestType, longattn::bfloat16>(run, rng);
+    }
+    // A causal local window, shared by every head.
+    longattn::BlockSparseShape shared = shape;
+    shared.batch = shared.heads = 1;
+    const auto window = longattn::local_window_layout(exec, shared, 100, true);
+    const longattn::test::BlockMask window_mask = longattn::test::read_layout(window, consistent);
+    Run run{s, true, Form::atomic};
+    run.layout = &window;
+    run.mask = &window_mask;
+    check_attention<TestType, longattn::float16>(run, rng);
+  }
+}
+
+namespace {
+
+// A CTA program of `Threads` threads and 1 KiB of shared memory made of a function of it.
+template <int Threads, class F>
+struct SmallProgram {
+  static constexpr int threads = Threads;
+  static constexpr std::size_t shared_bytes = 1024;
+  F f;
+  void operator()(int, char* shared) const { f(shared, EmulatedWarp::thread()); }
+};
+template <int Threads, class F>
+void emulate(const F& f) {
+  Emulator::run(SmallProgram<Threads, F>{f}, 2);
+}
+
+}  // namespace
+
+TEST_CASE("the warp emulation reports races, early reads, misalignment, divergence and deadlocks",
+          "[core][tensor_cores][errors]") {
+  using Catch::Contains;
+  static const char source[64] alignas(16) = {};
+  // Correct: written, a barrier, read by another warp; a cp.async waited for, then read.
+  CHECK_NOTHROW(emulate<64>([](char* shared, int thread) {
+    if (thread == 0) EmulatedWarp::store_shared(shared, 1.0f);
+    EmulatedWarp::sync_cta();
+    if (thread == 40) CHECK(EmulatedWarp::load_shared<float>(shared) == 1.0f);
+    if (thread == 1) EmulatedWarp::cp_async_16(shared + 16, source, true);
+    EmulatedWarp::cp_async_wait_all();
+    EmulatedWarp::sync_cta();
+    if (thread == 33) CHECK(EmulatedWarp::load_shared<float>(shared + 16) == 0.0f);
+  }));
+  CHECK_THROWS_WITH(emulate<64>([](char* shared, int thread) {  // no barrier between warps
+                      if (thread == 0) EmulatedWarp::store_shared(shared, 1.0f);
+                      EmulatedWarp::sync_warp();
+                      if (thread == 40) (void)EmulatedWarp::load_shared<float>(shared);
+                      EmulatedWarp::sync_cta();
+                    }),
+                    Contains("CTA 0, thread 40: a shared-memory load reads shared offset 0, written by thread 0 "
+                             "since the last barrier: a race"));
+  CHECK_THROWS_WITH(emulate<32>([](char* shared, int thread) {  // no sync_warp inside a warp
+                      if (thread == 0) EmulatedWarp::store_shared(shared, 1.0f);
+                      if (thread == 1) (void)EmulatedWarp::load_shared<float>(shared);
+                    }),
+                    Contains("written by thread 0 since the last barrier: a race"));
+  CHECK_THROWS_WITH(emulate<32>([](char* shared, int thread) {  // read before the wait
+                      if (thread == 3) {
+                        EmulatedWarp::cp_async_16(shared, source, true);
+                        (void)EmulatedWarp::load_shared<float>(shared);
+                      }
+                      EmulatedWarp::cp_async_wait_all();
+                    }),
+                    Contains("which a cp.async of thread 3 has not landed yet (no cp.async.wait)"));
+  CHECK_THROWS_WITH(emulate<64>([](char* shared, int thread) {  // a copy over data another warp reads
+                      if (thread == 0) EmulatedWarp::store_shared(shared, 1.0f);
+                      EmulatedWarp::sync_cta();
+                      if (thread == 40) (void)EmulatedWarp::load_shared<float>(shared);
+                      EmulatedWarp::sync_warp();
+                      if (thread == 0) EmulatedWarp::cp_async_16(shared, source, true);
+                      EmulatedWarp::cp_async_wait_all();
+                    }),
+                    Contains("cp.async writes shared offset 0, read since the last barrier by warp 1: a race"));
+  CHECK_THROWS_WITH(emulate<32>([](char* shared, int thread) {
+                      if (thread == 0) EmulatedWarp::cp_async_16(shared + 8, source, true);
+                      EmulatedWarp::cp_async_wait_all();
+                    }),
+                    Contains("cp.async at shared offset 8 is not aligned to 16 bytes"));
+  CHECK_THROWS_WITH(emulate<32>([](char* shared, int thread) {
+                      std::uint32_t r[4];
+                      EmulatedWarp::ldmatrix_x4(r, shared + 1024 - 16 + (thread == 5 ? 16 : 0));
+                    }),
+                    Contains("ldmatrix.x4 at"));
+  CHECK_THROWS_WITH(emulate<32>([](char* shared, int) {
+                      std::uint32_t r[4];
+                      EmulatedWarp::ldmatrix_x4(r, shared);
+                    }),
+                    Contains("reads shared offset 0, which nothing wrote"));
+  CHECK_THROWS_WITH(emulate<32>([](char* shared, int thread) {
+                      if (thread == 7) {
+                        std::uint32_t r[4];
+                        EmulatedWarp::ldmatrix_x4(r, shared);
+                      } else {
+                        (void)EmulatedWarp::shfl_xor(1.0f, 1);
+                      }
+                    }),
+                    Contains("the warp diverged at a collective"));
+  CHECK_THROWS_WITH(emulate<64>([](char*, int thread) {
+                      if (thread < 32) EmulatedWarp::sync_cta();
+                    }),
+                    Contains("finishes while 32 threads wait at a CTA barrier"));
+  CHECK_THROWS_WITH(emulate<64>([](char*, int thread) {
+                      if (thread >= 32 && thread < 48)
+                        (void)EmulatedWarp::shfl_xor(1.0f, 1);
+                      else
+                        EmulatedWarp::sync_cta();
+                    }),
+                    Contains("CTA 0 deadlocks; waiting: thread 0 at a CTA barrier;"));
+  // After a failure the next emulation runs normally.
+  CHECK_NOTHROW(emulate<32>([](char*, int) { EmulatedWarp::sync_warp(); }));
+}
+
+TEST_CASE("tensor cores: a deterministic one-pass backward is refused", "[core][tensor_cores][errors]") {
+  using Exec = Emulated::Exec;
+  using Tensor = Kokkos::View<longattn::bfloat16****, Exec::memory_space>;
+  const Exec exec;
+  const Tensor x("x", 1, 70, 1, 64), o("o", 1, 70, 1, 64), d_o("d_o", 1, 70, 1, 64);
+  const Tensor dq("dq", 1, 70, 1, 64), dk("dk", 1, 70, 1, 64), dv("dv", 1, 70, 1, 64);
+  Kokkos::View<float***, Exec::memory_space> lse("lse", 1, 1, 70);
+  longattn::AttentionOptions opts;
+  longattn::attention_forward<Emulated::Tiles>(exec, x, x, x, o, lse, opts);
+  opts.deterministic = true;
+  opts.backward_passes = longattn::BackwardPasses::one;
+  CHECK_THROWS_WITH(longattn::attention_backward<Emulated::Tiles>(exec, x, x, x, o, d_o, lse, dq, dk, dv, opts),
+                    "longattn::attention_backward: argument 'opts.backward_passes' is one, expected two or automatic "
+                    "with opts.deterministic (on tensor cores the one-pass form sums dQ atomically)");
+}
