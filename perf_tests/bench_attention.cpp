@@ -86,10 +86,11 @@ double time_steps(benchmark::State& state, Step&& step) {
   return timer.seconds();
 }
 
-// Args: {N, D, causal}; B = 1, H = 8. T: the tensors' storage type; Space: where they run.
-template <class T, class Space = Exec>
+// Args: {N, D, causal}; B = 1, H heads (8 unless named: <T, Space, H>). T: the tensors' storage
+// type; Space: where they run.
+template <class T, class Space = Exec, int H = 8>
 void BM_AttentionForward(benchmark::State& state) {
-  const int N = int(state.range(0)), D = int(state.range(1)), H = 8;
+  const int N = int(state.range(0)), D = int(state.range(1));
   longattn::AttentionOptions opts;
   opts.causal = state.range(2) != 0;
   Problem<T, Space> p(1, N, H, D);
@@ -102,9 +103,9 @@ void BM_AttentionForward(benchmark::State& state) {
                       n * (4.0 * N * H * D * sizeof(T) + H * N * sizeof(float)), seconds);
 }
 
-template <class T, class Space = Exec>
+template <class T, class Space = Exec, int H = 8>
 void BM_AttentionForwardBackward(benchmark::State& state) {
-  const int N = int(state.range(0)), D = int(state.range(1)), H = 8;
+  const int N = int(state.range(0)), D = int(state.range(1));
   longattn::AttentionOptions opts;
   opts.causal = state.range(2) != 0;
   Problem<T, Space> p(1, N, H, D);
@@ -397,11 +398,19 @@ BENCHMARK_TEMPLATE(BM_AttentionForward, float, Kokkos::Cuda)
 BENCHMARK_TEMPLATE(BM_AttentionForwardBackward, float, Kokkos::Cuda)
     ->ArgsProduct({{1024, 4096, 16384}, {64, 128}, {0, 1}})
     ->UseRealTime()->Unit(benchmark::kMillisecond);
+// bf16 on the tensor cores (TensorCoreTiles), also with 16 heads: 8 heads of 4K tokens are 256
+// forward CTAs, under two waves on 132 SMs.
 BENCHMARK_TEMPLATE(BM_AttentionForward, longattn::bfloat16, Kokkos::Cuda)
     ->ArgsProduct({{4096, 16384}, {64, 128}, {0, 1}})
     ->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK_TEMPLATE(BM_AttentionForwardBackward, longattn::bfloat16, Kokkos::Cuda)
     ->ArgsProduct({{4096, 16384}, {64, 128}, {0, 1}})
+    ->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK_TEMPLATE(BM_AttentionForward, longattn::bfloat16, Kokkos::Cuda, 16)
+    ->ArgsProduct({{4096, 8192, 16384}, {64, 128}, {0, 1}})
+    ->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK_TEMPLATE(BM_AttentionForwardBackward, longattn::bfloat16, Kokkos::Cuda, 16)
+    ->ArgsProduct({{4096, 8192, 16384}, {64, 128}, {0, 1}})
     ->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_DilatedForward<Kokkos::Cuda>)
     ->Name("BM_DilatedForward<Kokkos::Cuda>")

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """longattn's fused attention beside PyTorch's scaled_dot_product_attention, in one run.
 
-For each shape (B = 1, H = 8, CPU; fp32, and with --dtypes bf16 too) it runs longattn's benchmark program
+For each shape (B = 1, H = 8 or --heads; fp32, and with --dtypes bf16 too) it runs longattn's benchmark program
 (perf_tests/longattn_bench_attention) for that one shape, then SDPA on the same shape with the
 same number of threads, alternating, `--repeat` times, and keeps each side's best time: the
 development machines are shared VMs whose speed drifts by 10-20% within a minute, so
@@ -19,7 +19,7 @@ virtual environment); nothing in the build or the tests uses it.
 
   compare_sdpa.py --bench build/release/perf_tests/longattn_bench_attention [--threads 2]
                   [--tokens 1024 4096] [--head-dims 64 128] [--dtypes fp32 bf16] [--repeat 2]
-                  [--device cpu|cuda] [--json out.json]
+                  [--device cpu|cuda] [--heads 16] [--json out.json]
 """
 import argparse
 import json
@@ -32,9 +32,10 @@ from timing import run_benchmark, seconds_per_step
 BENCH_TYPES = {"fp32": "float", "bf16": "longattn::bfloat16"}
 
 
-def longattn_gflops(bench, mode, dtype, tokens, head_dim, causal, threads, device):
+def longattn_gflops(bench, mode, dtype, tokens, head_dim, causal, threads, device, heads):
     name = {"forward": "BM_AttentionForward", "forward+backward": "BM_AttentionForwardBackward"}[mode]
-    types = BENCH_TYPES[dtype] + (", Kokkos::Cuda" if device == "cuda" else "")
+    # <T[, Kokkos::Cuda][, H]>: the benchmark names a head count other than 8.
+    types = BENCH_TYPES[dtype] + (", Kokkos::Cuda" if device == "cuda" else "") + ("" if heads == 8 else f", {heads}")
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), OMP_PROC_BIND="false")
     out = run_benchmark(
         [bench, f"--benchmark_filter=^{name}<{types}>/{tokens}/{head_dim}/{int(causal)}/",
@@ -45,13 +46,13 @@ def longattn_gflops(bench, mode, dtype, tokens, head_dim, causal, threads, devic
     return runs[0]["FLOP/s"] * 1e-9
 
 
-def sdpa_gflops(torch, mode, dtype, tokens, head_dim, causal, device, min_time=0.5):
+def sdpa_gflops(torch, mode, dtype, tokens, head_dim, causal, device, heads, min_time=0.5):
     F = torch.nn.functional
     g = torch.Generator().manual_seed(2026)
     torch_type = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype]
-    q, k, v, d_o = ((torch.rand(1, 8, tokens, head_dim, generator=g) * 2 - 1).to(device, torch_type)
+    q, k, v, d_o = ((torch.rand(1, heads, tokens, head_dim, generator=g) * 2 - 1).to(device, torch_type)
                     for _ in range(4))
-    flops = 4.0 * 8 * tokens * tokens * head_dim / (2 if causal else 1)
+    flops = 4.0 * heads * tokens * tokens * head_dim / (2 if causal else 1)
     synchronize = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     if mode == "forward":
         def step():
@@ -78,6 +79,7 @@ def main():
     parser.add_argument("--dtypes", nargs="+", default=["fp32"], choices=sorted(BENCH_TYPES))
     parser.add_argument("--repeat", type=int, default=2, help="alternations per shape; best of each side")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--heads", type=int, default=8, help="H of B = 1, H heads (the benchmark has 8, and 16 for bf16 on CUDA)")
     parser.add_argument("--json", help="also write the table here")
     args = parser.parse_args()
 
@@ -95,11 +97,12 @@ def main():
                     ours = theirs = 0.0
                     for _ in range(args.repeat):
                         ours = max(ours, longattn_gflops(args.bench, mode, dtype, tokens, head_dim, causal,
-                                                         args.threads, args.device))
+                                                         args.threads, args.device, args.heads))
                         theirs = max(theirs, sdpa_gflops(torch, mode, dtype, tokens, head_dim, causal,
-                                                         args.device))
+                                                         args.device, args.heads))
                     rows.append(dict(mode=mode, dtype=dtype, tokens=tokens, head_dim=head_dim, causal=causal,
-                                     longattn_gflops=ours, sdpa_gflops=theirs, ratio=ours / theirs))
+                                     heads=args.heads, longattn_gflops=ours, sdpa_gflops=theirs,
+                                     ratio=ours / theirs))
                     print(f"{mode:<17} {dtype:>5} {tokens:>6} {head_dim:>4} {str(causal):>6} {ours:>17.1f} "
                           f"{theirs:>13.1f} {ours / theirs:>6.2f}", flush=True)
     if args.json:

@@ -27,6 +27,7 @@
 #endif
 #endif
 #ifdef LONGATTN_ASAN_FIBERS
+#include <sanitizer/asan_interface.h>
 #include <sanitizer/common_interface_defs.h>
 #endif
 
@@ -212,6 +213,15 @@ void start_switch(void** fake_stack, const void* bottom, std::size_t size) {
   __sanitizer_start_switch_fiber(fake_stack, bottom, size);
 #else
   (void)fake_stack, (void)bottom, (void)size;
+#endif
+}
+// A fiber stack used again: AddressSanitizer's redzones of the frames that were on it when its
+// last fiber finished (by switching away, not returning) are still poisoned.
+void unpoison(char* stack, std::size_t bytes) {
+#ifdef LONGATTN_ASAN_FIBERS
+  __asan_unpoison_memory_region(stack, bytes);
+#else
+  (void)stack, (void)bytes;
 #endif
 }
 void finish_switch(void* fake_stack, const void** bottom_old, std::size_t* size_old) {
@@ -528,6 +538,7 @@ void run_cta(Cta& c) {
     f.in_flight.clear();
     f.fake_stack = nullptr;
     f.stack = stacks.get(std::size_t(t));
+    unpoison(f.stack, stack_bytes);
     make_context(f.context, f.stack, stack_bytes, fiber_main);
   }
   while (c.finished < c.threads && !c.failed) {
@@ -592,9 +603,11 @@ void Emulator::run(const void* program, Body body, int ctas, int threads, std::s
 EmulationCounters Emulator::counters() { return totals; }
 void Emulator::reset_counters() { totals = EmulationCounters{}; }
 
-int EmulatedWarp::thread() { return fiber().thread; }
+namespace emulation {
 
-void EmulatedWarp::sync_cta() {
+int thread() { return fiber().thread; }
+
+void sync_cta() {
   Cta& c = cta();
   if (c.finished > 0) fail("reaches a CTA barrier after %d threads finished", c.finished);
   const unsigned seen = c.barrier_generation;
@@ -608,30 +621,24 @@ void EmulatedWarp::sync_cta() {
   }
 }
 
-void EmulatedWarp::sync_warp() {
+void sync_warp() {
   collective(Op::sync_warp, [](LaneSlot&) {});
 }
 
-float EmulatedWarp::shfl_xor(float value, int lane_mask) {
+float shfl_xor(float value, int lane_mask) {
   return collective(Op::shfl, [&](LaneSlot& s) {
            s.value = value;
            s.lane_mask = lane_mask;
          }).out_value;
 }
 
-void EmulatedWarp::ldmatrix_x4(std::uint32_t (&r)[4], const void* row) {
-  const LaneSlot& s = collective(Op::ldmatrix, [&](LaneSlot& slot) { slot.row = static_cast<const char*>(row); });
+void ldmatrix_x4(std::uint32_t (&r)[4], const void* row, bool trans) {
+  const LaneSlot& s = collective(trans ? Op::ldmatrix_trans : Op::ldmatrix,
+                                 [&](LaneSlot& slot) { slot.row = static_cast<const char*>(row); });
   for (int j = 0; j < 4; ++j) r[j] = s.out[j];
 }
 
-void EmulatedWarp::ldmatrix_x4_trans(std::uint32_t (&r)[4], const void* row) {
-  const LaneSlot& s =
-      collective(Op::ldmatrix_trans, [&](LaneSlot& slot) { slot.row = static_cast<const char*>(row); });
-  for (int j = 0; j < 4; ++j) r[j] = s.out[j];
-}
-
-void EmulatedWarp::mma_impl(Operand type, float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0,
-                            std::uint32_t b1) {
+void mma(Operand type, float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0, std::uint32_t b1) {
   const LaneSlot& s = collective(type == Operand::bf16 ? Op::mma_bf16 : Op::mma_f16, [&](LaneSlot& slot) {
     for (int r = 0; r < 4; ++r) slot.a[r] = a[r];
     slot.b[0] = b0;
@@ -641,7 +648,7 @@ void EmulatedWarp::mma_impl(Operand type, float (&d)[4], const std::uint32_t (&a
   for (int i = 0; i < 4; ++i) d[i] = s.out_c[i];
 }
 
-void EmulatedWarp::cp_async_16(void* shared, const void* global, bool fill) {
+void cp_async_16(void* shared, const void* global, bool fill) {
   Fiber& f = fiber();
   const std::size_t offset = shared_offset(shared, 16, 16, "cp.async");
   if (fill && reinterpret_cast<std::uintptr_t>(global) % 16 != 0)
@@ -651,11 +658,9 @@ void EmulatedWarp::cp_async_16(void* shared, const void* global, bool fill) {
   ++totals.cp_async;
 }
 
-void EmulatedWarp::cp_async_commit() {}  // groups matter only to wait_group N, which the kernels do not use
+void cp_async_wait_all() { land_copies(fiber()); }
 
-void EmulatedWarp::cp_async_wait_all() { land_copies(fiber()); }
-
-void EmulatedWarp::atomic_add_pair(float* global, float x, float y) {
+void atomic_add_pair(float* global, float x, float y) {
   if (reinterpret_cast<std::uintptr_t>(global) % 8 != 0)
     fail("red.global.add.v2.f32 at %p, not aligned to 8 bytes", static_cast<void*>(global));
   global[0] += x;
@@ -663,21 +668,22 @@ void EmulatedWarp::atomic_add_pair(float* global, float x, float y) {
   ++totals.atomics;
 }
 
-float EmulatedWarp::exp2(float x) {
+float exp2(float x) {
   const float y = std::exp2(x);
   return y < std::numeric_limits<float>::min() ? 0.0f : y;  // .ftz: subnormal results flush to zero
 }
 
-void EmulatedWarp::store_shared_bytes(void* address, const void* value, std::size_t bytes) {
+void store_shared(void* address, const void* value, std::size_t bytes) {
   const std::size_t offset = shared_offset(address, bytes, bytes, "a shared-memory store");
   check_write(offset, bytes, fiber().thread, "a shared-memory store", false);
   std::memcpy(address, value, bytes);
 }
 
-void EmulatedWarp::load_shared_bytes(const void* address, void* value, std::size_t bytes) {
+void load_shared(const void* address, void* value, std::size_t bytes) {
   const std::size_t offset = shared_offset(address, bytes, bytes, "a shared-memory load");
   check_read(offset, bytes, fiber().thread, "a shared-memory load");
   std::memcpy(value, address, bytes);
 }
 
+}  // namespace emulation
 }  // namespace longattn::detail::tensor_core

@@ -1,18 +1,20 @@
-// The tensor-core kernels (core/detail/tensor_core/) without a GPU: their warp operations on the
-// host emulation (emulated_warp.hpp), which computes every collective from the PTX ISA's tables,
-// and the attention entry points in the EmulatedTensorCoreTiles configuration against the
-// double reference. The same fragment and index code runs on the device (TensorCoreTiles on
-// Kokkos::Cuda, where test_attention.cpp's cases run it).
+// The tensor-core kernels (core/detail/tensor_core/): their warp operations on the host
+// emulation (emulated_warp.hpp), which computes every collective from the PTX ISA's tables, and
+// the attention entry points against the double reference, through the emulation on a host space
+// (EmulatedTensorCoreTiles, every build) and, in CUDA builds, on the GPU (TensorCoreTiles on
+// Kokkos::Cuda: the template cases' second instance):
 //
 //   - the fragment helpers (fragments.hpp) against products computed directly: ldmatrix and
 //     ldmatrix.trans into A and B operands, mma.sync, accumulators reused as an A operand;
 //   - the padded tiles read without bank conflicts (and unpadded ones with them);
-//   - the emulation's own checks: a missing barrier, a read before cp.async.wait, a misaligned
-//     cp.async, a warp that diverges at a collective;
-//   - forward and backward (one pass with atomics, and the deterministic two passes) for
+//   - the emulation's own checks: races (between warps, inside a warp, a cp.async over data
+//     read), a read before cp.async lands, misalignment, bounds, reads of what nothing wrote, a
+//     warp that diverges at a collective, a thread that finishes early, a deadlock;
+//   - forward and backward (one pass with atomic dQ sums; deterministic; two passes) for
 //     bfloat16 and float16, head dims 64 and 128 (forward 256), odd sizes, Nq != Nk with global
-//     offsets, causal or not, output_scale and the accumulating options, block-sparse layouts;
-//     calls the kernels do not take (other head dims, strides) run the portable kernels.
+//     offsets, causal or not, output_scale and accumulated gradients, block-sparse layouts with
+//     empty rows and columns; the tensor-core kernels run exactly where they should (float and
+//     other head dims run the portable kernels).
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -33,6 +35,7 @@
 #include "reference/block_sparse.hpp"
 #include "reference/random.hpp"
 #include "reference/tensors.hpp"
+#include "reference/test_size.hpp"
 
 namespace {
 
@@ -363,14 +366,16 @@ void check_attention(const Run<typename Target::Exec>& run, std::mt19937_64& rng
 
 TEMPLATE_LIST_TEST_CASE("tensor-core attention matches the double reference", "[core][tensor_cores]", Targets) {
   std::mt19937_64 rng(longattn::test::test_seed());
-  const Shape shapes[] = {
+  const std::vector<Shape> all = {
       {1, 1, 1, 1, 64},
-      {2, 67, 67, 3, 64},
       {2, 100, 37, 2, 64, 50, 20},
-      {1, 130, 200, 2, 128, 150, 0},
       {1, 65, 129, 2, 128, 0, 64},  // causal: the first 64 queries see no key
-      {1, 300, 260, 1, 64},         // three pairs of query blocks, the last one short
+      {2, 67, 67, 3, 64},
+      {1, 130, 200, 2, 128, 150, 0},
+      {1, 300, 260, 1, 64},  // three pairs of query blocks, the last one short
   };
+  // LONGATTN_TEST_SIZE=small (sanitizers): the first three, which hold every kind of edge.
+  const std::vector<Shape> shapes(all.begin(), all.begin() + longattn::test::test_size(6, 3));
   for (const Shape& s : shapes)
     for (bool causal : {false, true})
       for (Form form : {Form::atomic, Form::deterministic}) {
@@ -412,7 +417,9 @@ TEMPLATE_LIST_TEST_CASE("tensor-core attention: block-sparse layouts visit only 
   using Run = Run<Exec>;
   std::mt19937_64 rng(longattn::test::test_seed());
   const Exec exec;
-  for (const Shape& s : {Shape{2, 300, 300, 2, 64}, Shape{1, 200, 330, 3, 128}}) {
+  const std::vector<Shape> shapes = {Shape{2, 300, 300, 2, 64}, Shape{1, 200, 330, 3, 128}};
+  for (std::size_t n = 0; n < longattn::test::test_size<std::size_t>(2, 1); ++n) {
+    const Shape& s = shapes[n];
     longattn::BlockSparseShape shape;
     shape.block = longattn::attention_block_size<Exec, longattn::bfloat16, typename TestType::Tiles>();
     shape.queries = s.queries;

@@ -20,6 +20,11 @@
 // with each head's rows together, dQ's sums (B * H * Nq * D). At most
 // attention_forward_workspace_bytes() and attention_backward_workspace_bytes(). Each team also
 // uses the scratch of attention_scratch_bytes() (per thread on a CPU).
+//
+// On Kokkos::Cuda (TensorCoreTiles, attention_tiles.hpp) bfloat16 and float16 tensors with head
+// dims 64 and 128 (forward also 256) and rows of 16-byte chunks run on tensor cores
+// (detail/tensor_core/); their backward pass allocates 8 bytes per query (LSE, Delta) and, in its
+// one-pass form, dQ's float sums (B * H * Nq * D), within the same bound.
 #pragma once
 
 #include <Kokkos_Core.hpp>

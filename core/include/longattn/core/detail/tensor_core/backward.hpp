@@ -6,8 +6,8 @@
 //   CTA     4 warps (128 threads); warp w owns keys 16 w .. 16 w + 15 of the block (M = keys)
 //   shared  K [64][D], V [64][D] (resident), Q and dO [2][64][D] (double-buffered query blocks),
 //           LSE (log2 units) and Delta of the buffered queries; with SumQueryGradient also
-//           dS^T [64][64]; rows padded (fragments.hpp). D = 64: 63 KiB (54 KiB without dS^T),
-//           128: 111.5 KiB (102.5 KiB)
+//           dS^T [64][64]; rows padded (fragments.hpp). D = 64: 64 KiB (55 KiB without dS^T),
+//           128: 112 KiB (103 KiB)
 //   loop    over the query blocks that visit the key block (a block pattern's transpose):
 //             wait; barrier; cp.async the next query block's Q, dO and statistics
 //             S^T = K Q^T                    A = K rows (ldmatrix), B = Q rows (ldmatrix)

@@ -24,6 +24,8 @@
 // shared-memory wavefronts ldmatrix took for bank conflicts.
 #pragma once
 
+#include <Kokkos_Core.hpp>
+
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
@@ -63,48 +65,81 @@ class Emulator {
   static void reset_counters();
 };
 
+// The emulation's functions (tensor_core_emulator.cpp), host code.
+namespace emulation {
+int thread();
+void sync_cta();
+void sync_warp();
+float shfl_xor(float value, int lane_mask);
+void ldmatrix_x4(std::uint32_t (&r)[4], const void* row, bool trans);
+void mma(Operand type, float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0, std::uint32_t b1);
+void cp_async_16(void* shared, const void* global, bool fill);
+void cp_async_wait_all();
+void atomic_add_pair(float* global, float x, float y);
+float exp2(float x);
+void store_shared(void* address, const void* value, std::size_t bytes);
+void load_shared(const void* address, void* value, std::size_t bytes);
+}  // namespace emulation
+
+// EMULATED(host call, device value): the programs are host and device code (nvcc checks that such
+// code calls no host-only function), but with EmulatedWarp they never run on a device, where
+// these functions are empty.
+#ifdef __CUDA_ARCH__
+#define LONGATTN_EMULATED(host_call, device_value) device_value
+#else
+#define LONGATTN_EMULATED(host_call, device_value) host_call
+#endif
+
 struct EmulatedWarp {
-  static int thread();
-  static void sync_cta();
-  static void sync_warp();
-  static float shfl_xor(float value, int lane_mask);
-  static void ldmatrix_x4(std::uint32_t (&r)[4], const void* row);
-  static void ldmatrix_x4_trans(std::uint32_t (&r)[4], const void* row);
-  template <Operand Type>
-  static void mma(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0, std::uint32_t b1) {
-    mma_impl(Type, d, a, b0, b1);
+  KOKKOS_INLINE_FUNCTION static int thread() { return LONGATTN_EMULATED(emulation::thread(), 0); }
+  KOKKOS_INLINE_FUNCTION static void sync_cta() { LONGATTN_EMULATED(emulation::sync_cta(), void()); }
+  KOKKOS_INLINE_FUNCTION static void sync_warp() { LONGATTN_EMULATED(emulation::sync_warp(), void()); }
+  KOKKOS_INLINE_FUNCTION static float shfl_xor(float value, int lane_mask) {
+    return LONGATTN_EMULATED(emulation::shfl_xor(value, lane_mask), (void(lane_mask), value));
   }
-  static void cp_async_16(void* shared, const void* global, bool fill);
-  static void cp_async_commit();
-  static void cp_async_wait_all();
-  static void atomic_add_pair(float* global, float x, float y);
-  static float exp2(float x);
+  KOKKOS_INLINE_FUNCTION static void ldmatrix_x4(std::uint32_t (&r)[4], const void* row) {
+    LONGATTN_EMULATED(emulation::ldmatrix_x4(r, row, false), (void(r), void(row)));
+  }
+  KOKKOS_INLINE_FUNCTION static void ldmatrix_x4_trans(std::uint32_t (&r)[4], const void* row) {
+    LONGATTN_EMULATED(emulation::ldmatrix_x4(r, row, true), (void(r), void(row)));
+  }
+  template <Operand Type>
+  KOKKOS_INLINE_FUNCTION static void mma(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0,
+                                         std::uint32_t b1) {
+    LONGATTN_EMULATED(emulation::mma(Type, d, a, b0, b1), (void(d), void(a), void(b0), void(b1)));
+  }
+  KOKKOS_INLINE_FUNCTION static void cp_async_16(void* shared, const void* global, bool fill) {
+    LONGATTN_EMULATED(emulation::cp_async_16(shared, global, fill), (void(shared), void(global), void(fill)));
+  }
+  // Groups matter only to cp.async.wait_group N, which the programs do not use.
+  KOKKOS_INLINE_FUNCTION static void cp_async_commit() {}
+  KOKKOS_INLINE_FUNCTION static void cp_async_wait_all() { LONGATTN_EMULATED(emulation::cp_async_wait_all(), void()); }
+  KOKKOS_INLINE_FUNCTION static void atomic_add_pair(float* global, float x, float y) {
+    LONGATTN_EMULATED(emulation::atomic_add_pair(global, x, y), (void(global), void(x), void(y)));
+  }
+  KOKKOS_INLINE_FUNCTION static float exp2(float x) { return LONGATTN_EMULATED(emulation::exp2(x), x); }
   // cvt.rn.{bf16x2,f16x2}.f32: round to nearest even, as half.hpp's conversions.
   template <Operand Type>
-  static std::uint32_t pack(float lo, float hi) {
+  KOKKOS_INLINE_FUNCTION static std::uint32_t pack(float lo, float hi) {
     if constexpr (Type == Operand::bf16)
       return std::uint32_t(bfloat16(lo).bits) | std::uint32_t(bfloat16(hi).bits) << 16;
     else
       return std::uint32_t(float16(lo).bits) | std::uint32_t(float16(hi).bits) << 16;
   }
   template <class T>
-  static void store_shared(void* address, T value) {
+  KOKKOS_INLINE_FUNCTION static void store_shared(void* address, T value) {
     static_assert(std::is_trivially_copyable_v<T>);
-    store_shared_bytes(address, &value, sizeof(T));
+    LONGATTN_EMULATED(emulation::store_shared(address, &value, sizeof(T)), (void(address), void(value)));
   }
   template <class T>
-  static T load_shared(const void* address) {
+  KOKKOS_INLINE_FUNCTION static T load_shared(const void* address) {
     static_assert(std::is_trivially_copyable_v<T>);
-    T value;
-    load_shared_bytes(address, &value, sizeof(T));
+    T value{};
+    LONGATTN_EMULATED(emulation::load_shared(address, &value, sizeof(T)), static_cast<void>(address));
     return value;
   }
-
- private:
-  static void mma_impl(Operand type, float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0,
-                       std::uint32_t b1);
-  static void store_shared_bytes(void* address, const void* value, std::size_t bytes);
-  static void load_shared_bytes(const void* address, void* value, std::size_t bytes);
 };
+
+#undef LONGATTN_EMULATED
 
 }  // namespace longattn::detail::tensor_core

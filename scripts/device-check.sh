@@ -1,0 +1,159 @@
+#!/usr/bin/env bash
+# The GPU checks of longattn, prepared on a machine without a GPU and run on a lent one:
+#
+#   scripts/device-check.sh prepare [bundle.tar.xz]   here: builds the CUDA variant (Release, nvcc,
+#       sm_90, NCCL, warnings as errors) into build/device, and packs the test and benchmark
+#       programs with the shared libraries a GPU machine's image may lack (Kokkos, longattn,
+#       Open MPI with its components, hwloc, OpenBLAS, ...; not the driver, cuBLAS or NCCL, which
+#       it has) into one archive, default build/device-bundle.tar.xz (carry it with the call)
+#   scripts/device-check.sh run [bundle.tar.xz] [kernels|tests|all]   on the GPU machine; writes
+#       under $OUT (default build/device-out): gpu.txt, resources.txt, *.log, *.xml (JUnit),
+#       sdpa.json, ceilings.json, summary.txt. `kernels` runs steps 1-3 (their limits add up to
+#       7 minutes), `tests` step 4 (4 minutes 15 s), `all` (the default) both: one call of at most
+#       10 minutes, or two where the lease is short; $OUT keeps what finished if a call is cut.
+#
+# run, each step with its own time limit, going on after a failure and saying which failed:
+#   1. the GPU (nvidia-smi) and the tensor-core kernels' registers, stack and spills
+#      (cuobjdump -res-usage on liblongattn_core.so)
+#   2. the tensor-core tests (emulated and on the GPU), and compute-sanitizer memcheck and
+#      racecheck on the GPU's (small sizes)
+#   3. the measured bf16 matrix-product ceiling (torch.matmul, 8192^3) and the attention grid beside
+#      PyTorch's SDPA (perf_tests/compare_sdpa.py --device cuda: bf16, N 4K and 16K, D 64 and 128,
+#      causal or not, forward and forward + backward, 16 heads)
+#   4. every other test on Kokkos::Cuda: core's cases, memory, and at one MPI rank parallel and
+#      train
+# It exits 0 when every step passed, 1 otherwise, 2 without a GPU.
+set -uo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+command=${1:-}
+bundle=${2:-$root/build/device-bundle.tar.xz}
+steps=${3:-all}
+programs=(longattn_core_tests longattn_memory_tests longattn_parallel_tests longattn_train_tests
+          longattn_bench_attention)
+
+prepare() {
+  set -e
+  local build=$root/build/device staging
+  LONGATTN_CUDA=1 LONGATTN_TARGETS="${programs[*]}" "$root/scripts/build.sh" "$build" \
+    -DLONGATTN_WARNINGS_AS_ERRORS=ON -DLONGATTN_ENABLE_NCCL=ON
+  staging=$(mktemp -d)
+  mkdir -p "$staging/bin" "$staging/lib"
+  cp "$build/unit_tests/longattn_core_tests" "$build/unit_tests/longattn_memory_tests" \
+     "$build/unit_tests/longattn_parallel_tests" "$build/unit_tests/longattn_train_tests" \
+     "$build/perf_tests/longattn_bench_attention" "$staging/bin/"
+  # Open MPI: a singleton MPI_Init starts orted, which loads components from its library folder.
+  local ompi=/usr/lib/x86_64-linux-gnu/openmpi
+  cp -a "$ompi" "$staging/openmpi"
+  mkdir -p "$staging/openmpi/bin" "$staging/openmpi/share"
+  cp "$(command -v orted)" "$staging/openmpi/bin/"
+  cp -a /usr/share/openmpi "$staging/openmpi/share/openmpi"
+  # Every library the programs and Open MPI's components load, but those of the C library, the
+  # driver and the CUDA libraries the GPU machine's image has.
+  local skip='^(libc|libm|libdl|libpthread|librt|ld-linux-x86-64|libcuda|libcublas|libcublasLt|libnccl|libnvidia-.*)\.so'
+  { for f in "$staging"/bin/* "$staging"/openmpi/bin/orted "$staging"/openmpi/lib/openmpi3/*.so; do ldd "$f"; done; } |
+    awk '$2 == "=>" && $3 ~ /^\// {print $3}' | sort -u | while read -r lib; do
+      if [[ ! $(basename "$lib") =~ $skip ]]; then cp -L "$lib" "$staging/lib/"; fi
+    done
+  tar -C "$staging" -cf - . | xz -T2 -6 > "$bundle"
+  rm -rf "$staging"
+  echo "device-check: $(du -h "$bundle" | cut -f1) in $bundle; on the GPU machine: scripts/device-check.sh run $bundle"
+}
+
+# step NAME SECONDS COMMAND...: runs the command under a time limit with its output in $OUT/NAME.log.
+failed=()
+step() {
+  local name=$1 limit=$2 began=$SECONDS status
+  shift 2
+  echo "== $name (at most ${limit} s)"
+  timeout --signal=INT --kill-after=10 "$limit" "$@" > "$out/$name.log" 2>&1
+  status=$?
+  tail -n 3 "$out/$name.log"
+  echo "== $name: exit $status after $((SECONDS - began)) s"
+  printf '%-28s exit %3d  %4d s\n' "$name" "$status" "$((SECONDS - began))" >> "$out/summary.txt"
+  [ "$status" -eq 0 ] || failed+=("$name")
+}
+
+run() {
+  out=${OUT:-$root/build/device-out}
+  mkdir -p "$out"
+  : > "$out/summary.txt"
+  if ! nvidia-smi -L > "$out/gpu.txt" 2>&1; then
+    echo "device-check: no NVIDIA GPU here (nvidia-smi -L failed)" >&2
+    exit 2
+  fi
+  nvidia-smi >> "$out/gpu.txt" 2>&1
+  local here
+  here=$(mktemp -d)
+  xz -dc "$bundle" | tar -C "$here" -xf -
+  # cuBLAS and NCCL from the machine's CUDA or its PyTorch's wheels.
+  local cuda_libs
+  cuda_libs=$(python3 - << 'EOF'
+import glob, os, site
+roots = ["/usr/local/cuda/lib64", "/usr/local/cuda/lib"] + [p for s in site.getsitepackages() for p in glob.glob(os.path.join(s, "nvidia", "*", "lib"))]
+print(":".join(r for r in roots if os.path.isdir(r)))
+EOF
+)
+  export LD_LIBRARY_PATH="$here/lib:$here/openmpi/lib:$cuda_libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  export OPAL_PREFIX=$here/openmpi PATH="$here/openmpi/bin:$PATH"
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_opal_prefix=$here/openmpi
+  export OMPI_MCA_mca_base_component_path=$here/openmpi/lib/openmpi3 OMPI_MCA_btl=self,vader OMPI_MCA_pml=ob1
+  export OMP_PROC_BIND=false KOKKOS_NUM_DEVICES=1
+  local bin=$here/bin
+  cat "$out/gpu.txt" | head -n 1
+
+  # 1. Registers, stack and spills of every tensor-core kernel (run_program<...Program...>).
+  step resources 30 bash -c "cuobjdump -res-usage $here/lib/liblongattn_core.so.* | grep -A1 run_program"
+  cp "$out/resources.log" "$out/resources.txt" 2> /dev/null
+
+  # 2. The tensor-core tests (the host's emulation and the GPU) and, on the GPU's instances, under
+  #    compute-sanitizer (small sizes). Template test cases over the execution spaces end in " - 1"
+  #    for Kokkos::Cuda (Serial is " - 0").
+  if [ "$steps" != tests ]; then
+    step core_tensor_cores 90 "$bin/longattn_core_tests" "[tensor_cores]" -r junit -o "$out/core_tensor_cores.xml"
+    local gpu_cases="tensor-core attention matches the double reference - 1"
+    step memcheck 60 env LONGATTN_TEST_SIZE=small compute-sanitizer --tool memcheck --error-exitcode 1 \
+      "$bin/longattn_core_tests" "$gpu_cases"
+    step racecheck 90 env LONGATTN_TEST_SIZE=small compute-sanitizer --tool racecheck --racecheck-report hazard \
+      --error-exitcode 1 "$bin/longattn_core_tests" "$gpu_cases"
+
+    # 3. The measured bf16 matrix-product ceiling and the grid beside SDPA.
+    step ceilings 30 python3 - "$out/ceilings.json" << 'EOF'
+import json, sys, torch
+a, b = (torch.rand(8192, 8192, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+for _ in range(3): a @ b
+start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+start.record()
+for _ in range(20): a @ b
+end.record(); torch.cuda.synchronize()
+tflops = 20 * 2 * 8192**3 / (start.elapsed_time(end) * 1e-3) * 1e-12
+json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__, bf16_matmul_tflops=tflops), open(sys.argv[1], "w"))
+print(f"bf16 matmul 8192^3: {tflops:.0f} TFLOP/s on {torch.cuda.get_device_name()}")
+EOF
+    step sdpa 120 python3 "$root/perf_tests/compare_sdpa.py" --device cuda --bench "$bin/longattn_bench_attention" \
+      --dtypes bf16 --tokens 4096 16384 --head-dims 64 128 --heads 16 --repeat 1 --json "$out/sdpa.json"
+  fi
+
+  # 4. Every other test on Kokkos::Cuda: core's cases, memory, and at one MPI rank parallel and train.
+  if [ "$steps" != kernels ]; then
+    step core_cuda 120 "$bin/longattn_core_tests" "* - 1" -r junit -o "$out/core_cuda.xml"
+    step memory 30 "$bin/longattn_memory_tests" -r junit -o "$out/memory.xml"
+    step parallel_np1 45 "$bin/longattn_parallel_tests" "* - 1" -r junit -o "$out/parallel_np1.xml"
+    step train_np1 60 "$bin/longattn_train_tests" -r junit -o "$out/train_np1.xml"
+  fi
+
+  echo "== summary"
+  cat "$out/summary.txt"
+  grep -h "ratio\|^forward\|^mode" "$out/sdpa.log" 2> /dev/null | tail -n 25
+  rm -rf "$here"
+  if [ ${#failed[@]} -gt 0 ]; then
+    echo "device-check: FAILED: ${failed[*]}"
+    exit 1
+  fi
+  echo "device-check: every step passed on $(head -n 1 "$out/gpu.txt")"
+}
+
+case "$command" in
+  prepare) prepare ;;
+  run) run ;;
+  *) awk 'NR > 1 && /^#/ {sub(/^# ?/, ""); print; next} NR > 1 {exit}' "${BASH_SOURCE[0]}" >&2; exit 2 ;;
+esac
