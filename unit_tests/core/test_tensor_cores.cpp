@@ -14,7 +14,7 @@
 //     bfloat16 and float16, head dims 64 and 128 (forward 256), odd sizes, Nq != Nk with global
 //     offsets, causal or not, output_scale and accumulated gradients, block-sparse layouts with
 //     empty rows and columns; the tensor-core kernels run exactly where they should (float and
-//     other head dims run the portable kernels).
+//     other head dims run the portable kernels), their ldmatrix reads without bank conflicts.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -333,11 +333,13 @@ void check_attention(const Run<typename Target::Exec>& run, std::mt19937_64& rng
   if (run.form == Form::two_passes) opts.backward_passes = longattn::BackwardPasses::two;
   const Exec exec;
   std::int64_t grids = tc::launched_grids();
+  Emulator::reset_counters();
   if (run.layout)
     longattn::attention_forward<Tiles>(exec, qd, kd, vd, o, lse, opts, *run.layout);
   else
     longattn::attention_forward<Tiles>(exec, qd, kd, vd, o, lse, opts);
   CHECK((tc::launched_grids() > grids) == run.forward_on_tensor_cores);
+  if (Target::emulated) CHECK(Emulator::counters().ldmatrix_conflict_wavefronts == 0);  // padded tiles
   grids = tc::launched_grids();
   Emulator::reset_counters();
   if (run.layout)
@@ -345,8 +347,10 @@ void check_attention(const Run<typename Target::Exec>& run, std::mt19937_64& rng
   else
     longattn::attention_backward<Tiles>(exec, qd, kd, vd, o, dod, lse, dq, dk, dv, opts);
   CHECK((tc::launched_grids() > grids) == run.backward_on_tensor_cores);
-  if (Target::emulated)  // dQ summed by atomics exactly in the one-pass form
+  if (Target::emulated) {  // dQ summed by atomics exactly in the one-pass form
     CHECK((Emulator::counters().atomics > 0) == (run.backward_on_tensor_cores && run.form == Form::atomic));
+    CHECK(Emulator::counters().ldmatrix_conflict_wavefronts == 0);
+  }
   exec.fence();
 
   const double forward_tolerance =
