@@ -541,21 +541,25 @@ void run_cta(Cta& c) {
     unpoison(f.stack, stack_bytes);
     make_context(f.context, f.stack, stack_bytes, fiber_main);
   }
+  // The pool may hold more fibers than this grid's threads (left by a larger or failed grid):
+  // only the first c.threads belong to it.
+  Fiber* const first = fibers.data();
+  Fiber* const last = first + c.threads;
   while (c.finished < c.threads && !c.failed) {
     bool ran = false;
-    for (Fiber& f : fibers) {
-      if (f.finished || (f.wait_generation != nullptr && *f.wait_generation == f.wait_seen)) continue;
-      resume(c, f);
+    for (Fiber* f = first; f != last; ++f) {
+      if (f->finished || (f->wait_generation != nullptr && *f->wait_generation == f->wait_seen)) continue;
+      resume(c, *f);
       ran = true;
       if (c.failed) return;
     }
     if (!ran) {  // every unfinished thread waits for one that never comes
       int shown = std::snprintf(c.message, sizeof c.message,
                                 "longattn tensor-core emulator: CTA %d deadlocks; waiting:", c.index);
-      for (const Fiber& f : fibers)
-        if (!f.finished && shown < int(sizeof c.message) - 64)
-          shown += std::snprintf(c.message + shown, sizeof c.message - shown, " thread %d at %s;", f.thread,
-                                 f.waiting_at);
+      for (const Fiber* f = first; f != last; ++f)
+        if (!f->finished && shown < int(sizeof c.message) - 64)
+          shown += std::snprintf(c.message + shown, sizeof c.message - shown, " thread %d at %s;", f->thread,
+                                 f->waiting_at);
       c.failed = true;
       return;
     }
