@@ -224,10 +224,7 @@ struct KeyGradientProgram {
     const std::int64_t k_first = std::int64_t(kb) * L;
     const BlockList visiting = pattern.visiting_query_blocks(b, h, kb);
 
-    load_tile<Warp, L, D, threads>(k_tile(shared), args.k.row(b, k_first, h), args.k.token_stride,
-                                   min_int(args.keys - k_first, L), thread);
-    load_tile<Warp, L, D, threads>(v_tile(shared), args.v.row(b, k_first, h), args.v.token_stride,
-                                   min_int(args.keys - k_first, L), thread);
+    load_block_pair<Warp, D, threads>(k_tile(shared), args.k, v_tile(shared), args.v, b, h, k_first, args.keys, thread);
     if (visiting.count > 0) load_query_block(shared, 0, b, h, visiting[0], thread);
     Warp::cp_async_commit();
 
@@ -277,8 +274,9 @@ struct KeyGradientProgram {
         for (int kk = 0; kk < 4; ++kk)
           LONGATTN_WARP_UNROLL
           for (int r = 0; r < 4; ++r)  // operand register r: rows group + 8 (r % 2), columns 2 quad_lane + 8 (r / 2)
-            Warp::store_shared(sds + tile_offset(16 * warp + at.group + 8 * (r % 2), 16 * kk + 8 * (r / 2) + 2 * at.quad_lane, L),
-                               ds[kk][r]);
+            Warp::store_shared(
+                sds + tile_offset(16 * warp + at.group + 8 * (r % 2), 16 * kk + 8 * (r / 2) + 2 * at.quad_lane, L),
+                ds[kk][r]);
         Warp::sync_cta();  // dS^T whole
         add_query_gradient(shared, b, h, q_first, warp, lane);
       }
@@ -301,11 +299,8 @@ struct KeyGradientProgram {
   // Q, dO rows of query block `block` and their statistics into stage `stage`.
   KOKKOS_INLINE_FUNCTION void load_query_block(char* shared, int stage, int b, int h, int block, int thread) const {
     const std::int64_t q_first = std::int64_t(block) * L;
-    const int count = min_int(args.queries - q_first, L);
-    load_tile<Warp, L, D, threads>(q_tile(shared, stage), args.q.row(b, q_first, h), args.q.token_stride, count,
-                                   thread);
-    load_tile<Warp, L, D, threads>(do_tile(shared, stage), args.d_o.row(b, q_first, h), args.d_o.token_stride, count,
-                                   thread);
+    load_block_pair<Warp, D, threads>(q_tile(shared, stage), args.q, do_tile(shared, stage), args.d_o, b, h, q_first,
+                                      args.queries, thread);
     constexpr int chunks = L * sizeof(FloatPair) / 16;
     if (thread < chunks)
       Warp::cp_async_16(stats(shared, stage) + 16 * thread, args.statistics_of(b, h) + q_first + 2 * thread, true);
@@ -377,13 +372,11 @@ struct QueryGradientProgram {
     const int qb = blocks - 1 - cta % blocks;  // the latest query blocks, which see the most keys when causal, first
     const int h = cta / blocks % args.heads, b = cta / blocks / args.heads;
     const std::int64_t q_first = std::int64_t(qb) * L;
-    const int q_count = min_int(args.queries - q_first, L);
     const BlockList visited = pattern.visited_key_blocks(b, h, qb);
     char* const sq = shared;
     char* const sdo = shared + tile;
 
-    load_tile<Warp, L, D, threads>(sq, args.q.row(b, q_first, h), args.q.token_stride, q_count, thread);
-    load_tile<Warp, L, D, threads>(sdo, args.d_o.row(b, q_first, h), args.d_o.token_stride, q_count, thread);
+    load_block_pair<Warp, D, threads>(sq, args.q, sdo, args.d_o, b, h, q_first, args.queries, thread);
     if (visited.count > 0) load_key_block(shared, 0, b, h, visited[0], thread);
     Warp::cp_async_commit();
 
@@ -425,12 +418,8 @@ struct QueryGradientProgram {
   }
 
   KOKKOS_INLINE_FUNCTION void load_key_block(char* shared, int stage, int b, int h, int block, int thread) const {
-    const std::int64_t k_first = std::int64_t(block) * L;
-    const int count = min_int(args.keys - k_first, L);
-    load_tile<Warp, L, D, threads>(k_tile(shared, stage), args.k.row(b, k_first, h), args.k.token_stride, count,
-                                   thread);
-    load_tile<Warp, L, D, threads>(v_tile(shared, stage), args.v.row(b, k_first, h), args.v.token_stride, count,
-                                   thread);
+    load_block_pair<Warp, D, threads>(k_tile(shared, stage), args.k, v_tile(shared, stage), args.v, b, h,
+                                      std::int64_t(block) * L, args.keys, thread);
   }
 };
 

@@ -58,13 +58,13 @@ struct ForwardProgram {
   ForwardArguments<S> args;
   Pattern pattern;
 
-  int query_block_pairs() const { return (pattern.query_blocks() + 1) / 2; }
+  KOKKOS_INLINE_FUNCTION int query_block_pairs() const { return (pattern.query_blocks() + 1) / 2; }
   int ctas() const { return args.batch * args.heads * query_block_pairs(); }
 
   KOKKOS_INLINE_FUNCTION void operator()(int cta, char* shared) const {
     const int thread = Warp::thread(), warp = thread / 32, lane = thread % 32;
     const Lane at(lane);
-    const int pairs = (pattern.query_blocks() + 1) / 2;
+    const int pairs = query_block_pairs();
     const int pair = pairs - 1 - cta % pairs;  // the latest query blocks, which see the most keys under a causal mask, first
     const int h = cta / pairs % args.heads, b = cta / pairs / args.heads;
     const int first_block = 2 * pair;

@@ -24,6 +24,9 @@ inline constexpr int block_tokens = 64;
 template <class S>
 inline constexpr Operand operand_of = std::is_same_v<std::remove_const_t<S>, bfloat16> ? Operand::bf16 : Operand::f16;
 
+// The smaller of two counts, as an int (the second one is).
+KOKKOS_INLINE_FUNCTION int min_int(std::int64_t a, std::int64_t b) { return int(a < b ? a : b); }
+
 // A [B, N, H, D] tensor with the head dim contiguous (stride 1) and rows of 16-byte chunks.
 template <class S>
 struct Tensor {
@@ -98,6 +101,17 @@ KOKKOS_INLINE_FUNCTION void load_tile(char* tile, const S* first_row, std::int64
   }
 }
 
+// Rows [first, first + 64) of the (b, h) slices of two tensors (Q and dO, or K and V) into two
+// tiles, zeros from the `tokens`-th row of the sequence on.
+template <class Warp, int D, int Threads, class S>
+KOKKOS_INLINE_FUNCTION void load_block_pair(char* tile_x, const Tensor<const S>& x, char* tile_y,
+                                            const Tensor<const S>& y, int b, int h, std::int64_t first,
+                                            std::int64_t tokens, int thread) {
+  const int count = min_int(tokens - first, block_tokens);
+  load_tile<Warp, block_tokens, D, Threads>(tile_x, x.row(b, first, h), x.token_stride, count, thread);
+  load_tile<Warp, block_tokens, D, Threads>(tile_y, y.row(b, first, h), y.token_stride, count, thread);
+}
+
 // Writes rows [0, 16) of a warp's staging tile to rows first, first + 1, ... of a tensor
 // (rows token_stride apart), up to `count` rows; with `accumulate`, adds what the rows hold (in
 // float: the staged values, already rounded to S, are rounded once more with the sum). The warp's
@@ -139,6 +153,5 @@ struct BlockUnion {
   }
 };
 
-KOKKOS_INLINE_FUNCTION int min_int(std::int64_t a, std::int64_t b) { return int(a < b ? a : b); }
 
 }  // namespace longattn::detail::tensor_core
