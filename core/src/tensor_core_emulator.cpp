@@ -1,6 +1,7 @@
 // The host emulation of the tensor-core kernels' warp operations (tensor_core/emulated_warp.hpp).
-// The layouts below are transcribed from the PTX ISA (9.7.13.4.8, "Matrix Fragments for
-// mma.m16n8k16 with floating point type"; 9.7.13.4.15, ldmatrix), not taken from fragments.hpp.
+// The layouts below are transcribed from the PTX ISA (9.7.13.4.7 and 9.7.13.4.8, "Matrix Fragments
+// for mma.m16n8k8" (.tf32) and "for mma.m16n8k16 with floating point type"; 9.7.13.4.15,
+// ldmatrix), not taken from fragments.hpp.
 #include "longattn/core/detail/tensor_core/emulated_warp.hpp"
 
 #include <sys/mman.h>
@@ -107,7 +108,7 @@ void make_context(Context& context, char* stack, std::size_t bytes, void (*entry
 void switch_context(Context& from, Context& to) { swapcontext(&from.context, &to.context); }
 #endif
 
-enum class Op { shfl, ldmatrix, ldmatrix_trans, mma_bf16, mma_f16, sync_warp };
+enum class Op { shfl, ldmatrix, ldmatrix_trans, mma_bf16, mma_f16, mma_tf32, sync_warp };
 const char* name(Op op) {
   switch (op) {
     case Op::shfl: return "shfl.sync.bfly";
@@ -115,6 +116,7 @@ const char* name(Op op) {
     case Op::ldmatrix_trans: return "ldmatrix.x4.trans";
     case Op::mma_bf16: return "mma.m16n8k16.bf16";
     case Op::mma_f16: return "mma.m16n8k16.f16";
+    case Op::mma_tf32: return "mma.m16n8k8.tf32";
     case Op::sync_warp: return "bar.warp.sync";
   }
   return "?";
@@ -391,6 +393,63 @@ void ptx_c_element(int lane, int i, int& row, int& col) {
   col = thread_in_group * 2 + (i & 1);
 }
 
+// mma.m16n8k8, .tf32 (PTX ISA 9.7.13.4.7): one value a register.
+// A: a0..a3: row = groupID for a0 and a2, else groupID + 8; col = threadID_in_group for a0 and a1,
+//    else threadID_in_group + 4.
+// B: b0, b1: row = threadID_in_group for b0, threadID_in_group + 4 for b1; col = groupID.
+// C, D: as m16n8k16.
+void ptx_tf32_a_element(int lane, int i, int& row, int& col) {
+  const int group = lane >> 2, thread_in_group = lane % 4;
+  row = (i == 0 || i == 2) ? group : group + 8;
+  col = i < 2 ? thread_in_group : thread_in_group + 4;
+}
+void ptx_tf32_b_element(int lane, int i, int& row, int& col) {
+  const int group = lane >> 2, thread_in_group = lane % 4;
+  row = i == 0 ? thread_in_group : thread_in_group + 4;
+  col = group;
+}
+
+// A TF32 operand register's value; one with any of the 13 low bits set was not rounded to TF32
+// (cvt.rna.tf32.f32) and is reported.
+float tf32_value(std::uint32_t word, int lane, const char* operand, int i) {
+  if (word & 0x1fffu)
+    fail("mma.m16n8k8.tf32: lane %d's %s%d is 0x%08x, not a TF32 value (low 13 bits set; round it with "
+         "cvt.rna.tf32.f32)",
+         lane, operand, i, word);
+  float x;
+  std::memcpy(&x, &word, sizeof x);
+  return x;
+}
+
+void execute_mma_tf32(WarpState& w) {
+  float a[16][8], b[8][8], c[16][8];
+  for (int lane = 0; lane < warp_size; ++lane) {
+    const LaneSlot& s = w.lanes[lane];
+    int row, col;
+    for (int i = 0; i < 4; ++i) {
+      ptx_tf32_a_element(lane, i, row, col);
+      a[row][col] = tf32_value(s.a[i], lane, "a", i);
+    }
+    for (int i = 0; i < 2; ++i) {
+      ptx_tf32_b_element(lane, i, row, col);
+      b[row][col] = tf32_value(s.b[i], lane, "b", i);
+    }
+    for (int i = 0; i < 4; ++i) {
+      ptx_c_element(lane, i, row, col);
+      c[row][col] = s.c[i];
+    }
+  }
+  for (int lane = 0; lane < warp_size; ++lane)
+    for (int i = 0; i < 4; ++i) {
+      int row, col;
+      ptx_c_element(lane, i, row, col);
+      double sum = c[row][col];  // products of TF32 values (11-bit significands) are exact in double
+      for (int k = 0; k < 8; ++k) sum += double(a[row][k]) * double(b[k][col]);
+      w.lanes[lane].out_c[i] = float(sum);
+    }
+  ++totals.mma;
+}
+
 void execute_mma(WarpState& w) {
   float a[16][16], b[16][8], c[16][8];
   for (int lane = 0; lane < warp_size; ++lane) {
@@ -495,6 +554,7 @@ LaneSlot& collective(Op op, const Fill& fill) {
       case Op::ldmatrix_trans: execute_ldmatrix(w, warp * warp_size); break;
       case Op::mma_bf16:
       case Op::mma_f16: execute_mma(w); break;
+      case Op::mma_tf32: execute_mma_tf32(w); break;
       case Op::sync_warp: ++w.syncs; break;
     }
     w.arrived = 0;
@@ -643,7 +703,8 @@ void ldmatrix_x4(std::uint32_t (&r)[4], const void* row, bool trans) {
 }
 
 void mma(Operand type, float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0, std::uint32_t b1) {
-  const LaneSlot& s = collective(type == Operand::bf16 ? Op::mma_bf16 : Op::mma_f16, [&](LaneSlot& slot) {
+  const Op op = type == Operand::bf16 ? Op::mma_bf16 : type == Operand::f16 ? Op::mma_f16 : Op::mma_tf32;
+  const LaneSlot& s = collective(op, [&](LaneSlot& slot) {
     for (int r = 0; r < 4; ++r) slot.a[r] = a[r];
     slot.b[0] = b0;
     slot.b[1] = b1;
@@ -670,6 +731,15 @@ void atomic_add_pair(float* global, float x, float y) {
   global[0] += x;
   global[1] += y;
   ++totals.atomics;
+}
+
+// cvt.rna.tf32.f32: the 13 low bits dropped, the magnitude rounded to nearest with ties away from
+// zero (adding half of the dropped range carries into the kept bits); infinities stay, NaNs stay NaNs.
+std::uint32_t tf32(float x) {
+  std::uint32_t word;
+  std::memcpy(&word, &x, sizeof word);
+  if ((word & 0x7f800000u) == 0x7f800000u) return (word & 0x007fffffu) != 0 ? 0x7fffe000u : word;
+  return (word + 0x1000u) & ~0x1fffu;
 }
 
 float exp2(float x) {

@@ -117,14 +117,17 @@ void check_forward_and_backward(const Shape& s, bool causal, std::mt19937_64& rn
   // On bf16 dot products P and dS are rounded to bfloat16 too: one more 2^-9 relative.
   const bool dot_products = std::is_same_v<T, longattn::bfloat16> && longattn::bf16_dot_products_in_use() &&
                             std::is_same_v<Memory, Kokkos::HostSpace>;
-  // On tensor cores (TensorCoreTiles on Kokkos::Cuda, for the head dims they take) P and dS are
-  // rounded to the 16-bit type: twice the tolerance, as test_tensor_cores.cpp's.
-  const bool tensor_cores = longattn::detail::tensor_cores_compiled<ExecSpace, T, longattn::tiles_for_t<ExecSpace, Tiles>>();
+  // On tensor cores (TensorCoreTiles on Kokkos::Cuda, for the head dims they take; 16-bit types,
+  // float asks for them with allow_tf32 only) P and dS are rounded to the 16-bit type: twice the
+  // tolerance, as test_tensor_cores.cpp's.
+  const bool tensor_cores =
+      longattn::is_half_v<T> &&
+      longattn::detail::tensor_cores_compiled<ExecSpace, T, longattn::tiles_for_t<ExecSpace, Tiles>>();
   const double rounding = dot_products ? 1.5 : 1.0;
   const double forward_rounding =
-      tensor_cores && longattn::detail::tensor_core::head_dim_supported(s.head_dim, false) ? 2.0 : rounding;
+      tensor_cores && longattn::detail::tensor_core::head_dim_supported<T>(s.head_dim, false) ? 2.0 : rounding;
   const double backward_rounding =
-      tensor_cores && longattn::detail::tensor_core::head_dim_supported(s.head_dim, true) ? 2.0 : rounding;
+      tensor_cores && longattn::detail::tensor_core::head_dim_supported<T>(s.head_dim, true) ? 2.0 : rounding;
   CHECK(relative_error(to_host(o), o_ref) <= forward_rounding * tolerance<T>());
   CHECK(relative_error(to_host(lse), lse_ref) <= forward_rounding * tolerance<T>());
   CHECK(relative_error(to_host(dq), dq_ref) <= backward_rounding * gradient_tolerance<T>());

@@ -4,22 +4,25 @@
 // (EmulatedTensorCoreTiles, every build) and, in CUDA builds, on the GPU (TensorCoreTiles on
 // Kokkos::Cuda: the template cases' second instance):
 //
-//   - the fragment helpers (fragments.hpp) against products computed directly: ldmatrix and
-//     ldmatrix.trans into A and B operands, mma.sync, accumulators reused as an A operand;
+//   - the fragment helpers (fragments.hpp) against products computed directly, 16-bit and TF32:
+//     operands from rows, from columns and from accumulators, mma.sync; cvt.rna.tf32.f32;
 //   - the padded tiles read without bank conflicts (and unpadded ones with them);
 //   - the emulation's own checks: races (between warps, inside a warp, a cp.async over data
 //     read), a read before cp.async lands, misalignment, bounds, reads of what nothing wrote, a
-//     warp that diverges at a collective, a thread that finishes early, a deadlock;
+//     warp that diverges at a collective, a TF32 operand not rounded, a thread that finishes
+//     early, a deadlock;
 //   - forward and backward (one pass with atomic dQ sums; deterministic; two passes) for
-//     bfloat16 and float16, head dims 64 and 128 (forward 256), odd sizes, Nq != Nk with global
-//     offsets, causal or not, output_scale and accumulated gradients, block-sparse layouts with
-//     empty rows and columns; the tensor-core kernels run exactly where they should (float and
-//     other head dims run the portable kernels), their ldmatrix reads without bank conflicts.
+//     bfloat16, float16 and float on TF32 (allow_tf32), head dims 64 and 128 (16-bit forward
+//     256), odd sizes, Nq != Nk with global offsets, causal or not, output_scale and accumulated
+//     gradients, block-sparse layouts with empty rows and columns; the tensor-core kernels run
+//     exactly where they should (float without allow_tf32 and other head dims run the portable
+//     kernels), their ldmatrix reads without bank conflicts.
 #include <catch2/catch.hpp>
 
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <sstream>
 #include <string>
@@ -48,117 +51,143 @@ using longattn::test::random_tensor;
 using longattn::test::relative_error;
 
 // ---------------------------------------------------------------------------------------------
-// Warp-level products: one warp, tiles of bfloat16 in shared memory, results to global.
+// Warp-level products: one warp, tiles of S in shared memory, results to global.
 
-// A row-major [rows][columns] matrix of bfloat16 with its values as doubles.
+// x as a tensor-core operand of storage type S: rounded to S, or (float) to TF32, as the kernels'
+// tiles are.
+template <class S>
+S operand(double x) {
+  if constexpr (sizeof(S) == 2) {
+    return S(x);
+  } else {
+    const std::uint32_t word = tc::emulation::tf32(float(x));
+    float value;
+    std::memcpy(&value, &word, sizeof value);
+    return value;
+  }
+}
+
+// A row-major [rows][columns] matrix of values of S (operand<S> of uniform values) and the same
+// values as doubles.
+template <class S>
 struct Matrix {
   int rows, columns;
-  std::vector<std::uint16_t> bits;
+  std::vector<S> stored;
   std::vector<double> values;
-  Matrix(int r, int c, std::mt19937_64& rng) : rows(r), columns(c), bits(std::size_t(r) * c), values(bits.size()) {
+  Matrix(int r, int c) : rows(r), columns(c), stored(std::size_t(r) * c), values(stored.size()) {}
+  Matrix(int r, int c, std::mt19937_64& rng) : Matrix(r, c) {
     std::uniform_real_distribution<double> uniform(-1.0, 1.0);
-    for (std::size_t i = 0; i < bits.size(); ++i) {
-      const longattn::bfloat16 x(uniform(rng));
-      bits[i] = x.bits;
-      values[i] = float(x);
+    for (std::size_t i = 0; i < stored.size(); ++i) {
+      stored[i] = operand<S>(uniform(rng));
+      values[i] = double(float(stored[i]));
     }
   }
   double operator()(int r, int c) const { return values[std::size_t(r) * columns + c]; }
+  Matrix transposed() const {
+    Matrix t(columns, rows);
+    for (int r = 0; r < rows; ++r)
+      for (int c = 0; c < columns; ++c) {
+        t.stored[std::size_t(c) * rows + r] = stored[std::size_t(r) * columns + c];
+        t.values[std::size_t(c) * rows + r] = values[std::size_t(r) * columns + c];
+      }
+    return t;
+  }
 };
 
-// Copies a matrix into a tile of 64 columns (rows < 64) with plain shared stores, lane by lane.
-void store_tile(char* tile, const Matrix& m, int lane) {
+// Copies a matrix into a tile of 64 columns (rows < 64, zeros right of it), a 16-byte chunk per
+// lane at a time.
+template <class S>
+void store_tile(char* tile, const Matrix<S>& m, int lane) {
+  constexpr int values = tc::chunk_values<S>;
   for (int r = 0; r < m.rows; ++r)
-    for (int c = 2 * lane; c < 64; c += 64) {
-      const std::uint32_t lo = c < m.columns ? m.bits[std::size_t(r) * m.columns + c] : 0;
-      const std::uint32_t hi = c + 1 < m.columns ? m.bits[std::size_t(r) * m.columns + c + 1] : 0;
-      EmulatedWarp::store_shared(tile + tc::tile_offset(r, c, 64), lo | hi << 16);
+    for (int chunk = lane; chunk < 64 / values; chunk += 32) {
+      tc::Chunk bytes{};
+      for (int j = 0; j < values && chunk * values + j < m.columns; ++j)
+        std::memcpy(reinterpret_cast<char*>(&bytes) + j * sizeof(S), &m.stored[std::size_t(r) * m.columns + chunk * values + j],
+                    sizeof(S));
+      EmulatedWarp::store_shared(tile + tc::tile_offset<S>(r, chunk * values, 64), bytes);
     }
 }
 
-// The product a warp computes: D = A B with A [16][16] and B [16][16] (two n-tiles), each given as
-// stored (A as rows, or transposed; B as [k][n] rows, or as [n][k] rows), then D (16 x 16) used as
-// the A operand of E = D C, C [16][8] stored as [k][n].
+// The products a warp computes through fragments.hpp, k = mma_k<S>: D = A B (A 16 x k, B k x 16:
+// two n-tiles), A and B read from rows (stored as A [m][k] and B^T [n][k]) or from columns
+// (stored as A^T [k][m] and B [k][n]); then D's first k columns, as the A operand made of its
+// accumulators, times C (k x 8, read from columns): E = D[:, :k] C.
+template <class S>
 struct WarpProduct {
   static constexpr int threads = 32;
-  static constexpr std::size_t shared_bytes = 3 * tc::tile_bytes(64, 64);
-  const Matrix *a, *b, *c;
-  bool a_transposed, b_transposed;  // stored as A^T [k][m], B^T [n][k]
-  float* d;                         // [16][16]
-  float* e;                         // [16][8]
+  static constexpr std::size_t shared_bytes = 3 * tc::tile_bytes<S>(64, 64);
+  const Matrix<S> *a_stored, *b_stored, *c;
+  bool from_columns;
+  float* d;  // [16][16]
+  float* e;  // [16][8]
 
   void operator()(int, char* shared) const {
     const int lane = EmulatedWarp::thread();
-    char *ta = shared, *tb = shared + tc::tile_bytes(64, 64), *tcm = shared + 2 * tc::tile_bytes(64, 64);
-    store_tile(ta, *a, lane);
-    store_tile(tb, *b, lane);
+    char *ta = shared, *tb = shared + tc::tile_bytes<S>(64, 64), *tcm = shared + 2 * tc::tile_bytes<S>(64, 64);
+    store_tile(ta, *a_stored, lane);
+    store_tile(tb, *b_stored, lane);
     store_tile(tcm, *c, lane);
     EmulatedWarp::sync_warp();
     std::uint32_t fa[4], fb[4];
-    if (a_transposed)
-      EmulatedWarp::ldmatrix_x4_trans(fa, ta + tc::a_trans_address(lane, 0, 0, 64));
-    else
-      EmulatedWarp::ldmatrix_x4(fa, ta + tc::a_address(lane, 0, 0, 64));
-    if (b_transposed)
-      EmulatedWarp::ldmatrix_x4(fb, tb + tc::b_address(lane, 0, 0, 64));
-    else
-      EmulatedWarp::ldmatrix_x4_trans(fb, tb + tc::b_trans_address(lane, 0, 0, 64));
+    if (from_columns) {
+      tc::a_from_columns<EmulatedWarp, S>(fa, ta, lane, 0, 0, 64);
+      tc::b_from_columns<EmulatedWarp, S>(fb, tb, lane, 0, 0, 64);
+    } else {
+      tc::a_from_rows<EmulatedWarp, S>(fa, ta, lane, 0, 0, 64);
+      tc::b_from_rows<EmulatedWarp, S>(fb, tb, lane, 0, 0, 64);
+    }
     float acc[2][4] = {};
-    EmulatedWarp::mma<tc::Operand::bf16>(acc[0], fa, fb[0], fb[1]);
-    EmulatedWarp::mma<tc::Operand::bf16>(acc[1], fa, fb[2], fb[3]);
+    tc::mma<EmulatedWarp, S>(acc[0], fa, fb[0], fb[1]);
+    tc::mma<EmulatedWarp, S>(acc[1], fa, fb[2], fb[3]);
     for (int n = 0; n < 2; ++n)
       for (int i = 0; i < 4; ++i)
         d[tc::accumulator_row(lane, i) * 16 + 8 * n + tc::accumulator_col(lane, i)] = acc[n][i];
     std::uint32_t from_d[4], fc[4];
-    tc::a_from_accumulators<EmulatedWarp, tc::Operand::bf16>(acc, 0, from_d);
-    EmulatedWarp::ldmatrix_x4_trans(fc, tcm + tc::b_trans_address(lane, 0, 0, 64));
+    tc::a_from_accumulators<EmulatedWarp, S>(acc, 0, from_d);
+    tc::b_from_columns<EmulatedWarp, S>(fc, tcm, lane, 0, 0, 64);
     float out[4] = {};
-    EmulatedWarp::mma<tc::Operand::bf16>(out, from_d, fc[0], fc[1]);
+    tc::mma<EmulatedWarp, S>(out, from_d, fc[0], fc[1]);
     for (int i = 0; i < 4; ++i) e[tc::accumulator_row(lane, i) * 8 + tc::accumulator_col(lane, i)] = out[i];
   }
 };
 
+template <class S>
+void check_warp_products(std::mt19937_64& rng) {
+  constexpr int k = tc::mma_k<S>;
+  for (bool from_columns : {false, true}) {
+    INFO(longattn::detail::scalar_name<S>() << ", operands from " << (from_columns ? "columns" : "rows"));
+    const Matrix<S> a(16, k, rng), b(k, 16, rng), c(k, 16, rng);
+    const Matrix<S> a_stored = from_columns ? a.transposed() : a, b_stored = from_columns ? b : b.transposed();
+    std::vector<float> d(16 * 16, -1.0f), e(16 * 8, -1.0f);
+    Emulator::run(WarpProduct<S>{&a_stored, &b_stored, &c, from_columns, d.data(), e.data()}, 1);
+    double worst_d = 0, worst_e = 0;
+    for (int i = 0; i < 16; ++i)
+      for (int j = 0; j < 16; ++j) {
+        double sum = 0;
+        for (int kk = 0; kk < k; ++kk) sum += a(i, kk) * b(kk, j);
+        worst_d = std::max(worst_d, std::abs(sum - d[i * 16 + j]));
+      }
+    for (int i = 0; i < 16; ++i)
+      for (int j = 0; j < 8; ++j) {
+        double sum = 0;  // D rounded as the kernels make probabilities operands
+        for (int kk = 0; kk < k; ++kk) sum += double(float(operand<S>(d[i * 16 + kk]))) * c(kk, j);
+        worst_e = std::max(worst_e, std::abs(sum - e[i * 8 + j]));
+      }
+    CHECK(worst_d < 1e-5);
+    CHECK(worst_e < 1e-5);
+  }
+}
+
 }  // namespace
 
-TEST_CASE("tensor-core fragments: ldmatrix, mma.sync and accumulators as operands give the products",
+TEST_CASE("tensor-core fragments: operands from rows, columns and accumulators give the products",
           "[core][tensor_cores]") {
   std::mt19937_64 rng(longattn::test::test_seed());
   INFO("seed " << longattn::test::test_seed());
-  for (bool a_transposed : {false, true})
-    for (bool b_transposed : {false, true}) {
-      const Matrix a(16, 16, rng), b(16, 16, rng), c(16, 8, rng);
-      // As stored: A [m][k] or A^T [k][m]; B [k][n] or B^T [n][k].
-      Matrix a_stored = a, b_stored = b;
-      for (int i = 0; i < 16; ++i)
-        for (int j = 0; j < 16; ++j) {
-          if (a_transposed) {
-            a_stored.bits[i * 16 + j] = a.bits[j * 16 + i];
-            a_stored.values[i * 16 + j] = a.values[j * 16 + i];
-          }
-          if (b_transposed) {
-            b_stored.bits[i * 16 + j] = b.bits[j * 16 + i];
-            b_stored.values[i * 16 + j] = b.values[j * 16 + i];
-          }
-        }
-      std::vector<float> d(16 * 16, -1.0f), e(16 * 8, -1.0f);
-      Emulator::run(WarpProduct{&a_stored, &b_stored, &c, a_transposed, b_transposed, d.data(), e.data()}, 1);
-      INFO("A " << (a_transposed ? "transposed" : "as rows") << ", B " << (b_transposed ? "transposed" : "as rows"));
-      double worst_d = 0, worst_e = 0;
-      for (int i = 0; i < 16; ++i)
-        for (int j = 0; j < 16; ++j) {
-          double sum = 0;
-          for (int k = 0; k < 16; ++k) sum += a(i, k) * b(k, j);
-          worst_d = std::max(worst_d, std::abs(sum - d[i * 16 + j]));
-        }
-      for (int i = 0; i < 16; ++i)
-        for (int j = 0; j < 8; ++j) {
-          double sum = 0;  // D rounded to bfloat16, as the kernels pack probabilities
-          for (int k = 0; k < 16; ++k) sum += double(float(longattn::bfloat16(d[i * 16 + k]))) * c(k, j);
-          worst_e = std::max(worst_e, std::abs(sum - e[i * 8 + j]));
-        }
-      CHECK(worst_d < 1e-5);
-      CHECK(worst_e < 1e-5);
-    }
+  check_warp_products<longattn::bfloat16>(rng);
+  check_warp_products<longattn::float16>(rng);
+  check_warp_products<float>(rng);
 }
 
 TEST_CASE("tensor-core fragments: the PTX ISA's layouts, lane by lane", "[core][tensor_cores]") {
@@ -170,12 +199,42 @@ TEST_CASE("tensor-core fragments: the PTX ISA's layouts, lane by lane", "[core][
   CHECK(tc::accumulator_col(5, 3) == 3);
   CHECK(tc::accumulator_row(31, 2) == 15);
   CHECK(tc::accumulator_col(31, 1) == 7);
-  // ldmatrix.x4: lanes 8-15 give matrix 1's rows; for an A operand matrix 1 is rows 8-15, columns 0-7.
-  CHECK(tc::a_address(9, 0, 0, 64) == tc::tile_offset(9, 0, 64));
-  CHECK(tc::a_address(17, 0, 0, 64) == tc::tile_offset(1, 8, 64));
+  // ldmatrix.x4: lanes 8-15 give matrix 1's rows; for an A operand matrix 1 is rows 8-15, columns 0-7
+  // (16-bit) or 0-3 (TF32), matrix 2 the next 16 bytes of rows 0-7.
+  using longattn::bfloat16;
+  CHECK(tc::a_address<bfloat16>(9, 0, 0, 64) == tc::tile_offset<bfloat16>(9, 0, 64));
+  CHECK(tc::a_address<bfloat16>(17, 0, 0, 64) == tc::tile_offset<bfloat16>(1, 8, 64));
+  CHECK(tc::a_address<float>(17, 0, 0, 64) == tc::tile_offset<float>(1, 4, 64));
   // Rows padded by 16 bytes.
-  CHECK(tc::tile_offset(3, 8, 64) == 3 * 144 + 16);
-  CHECK(tc::tile_offset(10, 17, 128) == 10 * 272 + 34);
+  CHECK(tc::tile_offset<bfloat16>(3, 8, 64) == 3 * 144 + 16);
+  CHECK(tc::tile_offset<bfloat16>(10, 17, 128) == 10 * 272 + 34);
+  CHECK(tc::tile_offset<float>(3, 8, 64) == 3 * 272 + 32);
+  // TF32 operands in the permuted k order (fragments.hpp): from accumulators, lane 5's a2 is
+  // row 1, column 3 of the k-step (n-tile kk's value 1), a1 row 9, column 2 (value 2).
+  const float c[1][4] = {{1.0f, 3.0f, 2.0f, 4.0f}};
+  std::uint32_t a[4];
+  tc::a_from_accumulators<EmulatedWarp, float>(c, 0, a);
+  CHECK(a[0] == 0x3f800000u);  // 1
+  CHECK(a[1] == 0x40000000u);  // 2
+  CHECK(a[2] == 0x40400000u);  // 3
+  CHECK(a[3] == 0x40800000u);  // 4
+}
+
+TEST_CASE("tensor-core fragments: cvt.rna.tf32.f32 and TF32 operands", "[core][tensor_cores]") {
+  auto tf32 = [](float x) {
+    const std::uint32_t word = tc::emulation::tf32(x);
+    float y;
+    std::memcpy(&y, &word, sizeof y);
+    return y;
+  };
+  CHECK(tf32(1.0f + 0x1p-11f) == 1.0f + 0x1p-10f);  // a tie: away from zero
+  CHECK(tf32(-(1.0f + 0x1p-11f)) == -(1.0f + 0x1p-10f));
+  CHECK(tf32(1.0f + 0x1p-11f - 0x1p-23f) == 1.0f);
+  CHECK(tf32(1.0f + 0x1p-10f + 0x1p-12f) == 1.0f + 0x1p-10f);
+  CHECK(tf32(0x1p-130f) == 0x1p-130f);  // subnormals with 10 significant bits kept
+  CHECK(tf32(std::numeric_limits<float>::max()) == std::numeric_limits<float>::infinity());
+  CHECK(tf32(-std::numeric_limits<float>::infinity()) == -std::numeric_limits<float>::infinity());
+  CHECK(std::isnan(tf32(std::numeric_limits<float>::quiet_NaN())));
 }
 
 namespace {
@@ -183,7 +242,7 @@ namespace {
 // Reads a [64][64] bfloat16 tile by ldmatrix, every A operand of it, with rows padded or not.
 struct TileReads {
   static constexpr int threads = 32;
-  static constexpr std::size_t shared_bytes = tc::tile_bytes(64, 64);
+  static constexpr std::size_t shared_bytes = tc::tile_bytes<longattn::bfloat16>(64, 64);
   bool padded;
   void operator()(int, char* shared) const {
     const int lane = EmulatedWarp::thread();
@@ -194,7 +253,7 @@ struct TileReads {
       for (int k0 = 0; k0 < 64; k0 += 16) {
         std::uint32_t r[4];
         const int row = m0 + (lane & 7) + 8 * ((lane >> 3) & 1), column = k0 + 8 * (lane >> 4);
-        EmulatedWarp::ldmatrix_x4(r, shared + (padded ? tc::a_address(lane, m0, k0, 64) : (row * 64 + column) * 2));
+        EmulatedWarp::ldmatrix_x4(r, shared + (padded ? tc::a_address<longattn::bfloat16>(lane, m0, k0, 64) : (row * 64 + column) * 2));
       }
   }
 };
@@ -251,10 +310,14 @@ const char* name(Form form) {
 }
 
 // The tolerances of the tensor-core kernels: the 16-bit type's (tensors.hpp) times 2, for the
-// probabilities and dS rounded to 16 bits before their products (as FlashAttention does).
+// probabilities and dS rounded to 16 bits before their products (as FlashAttention does); float
+// on TF32 float16's (10 mantissa bits too) times 2, its inputs also rounded but its outputs not.
 template <class T>
 double tensor_core_tolerance() {
-  return 2 * longattn::test::tolerance<T>();
+  if constexpr (std::is_same_v<T, float>)
+    return 2 * longattn::test::tolerance<longattn::float16>();
+  else
+    return 2 * longattn::test::tolerance<T>();
 }
 
 // One call of forward and backward, what it asks and what it should run on.
@@ -267,6 +330,7 @@ struct Run {
   bool accumulate_gradients = false;                          // dq, dk, dv start random
   const longattn::BlockSparseLayout<Exec>* layout = nullptr;  // with `mask`, its pattern
   const longattn::test::BlockMask* mask = nullptr;
+  bool allow_tf32 = true;  // AttentionOptions::allow_tf32: float on the tensor cores
   bool forward_on_tensor_cores = true, backward_on_tensor_cores = true;
 };
 
@@ -330,6 +394,7 @@ void check_attention(const Run<typename Target::Exec>& run, std::mt19937_64& rng
   opts.output_scale = run.output_scale;
   opts.accumulate_gradients = run.accumulate_gradients;
   opts.deterministic = run.form == Form::deterministic;
+  opts.allow_tf32 = run.allow_tf32;
   if (run.form == Form::two_passes) opts.backward_passes = longattn::BackwardPasses::two;
   const Exec exec;
   std::int64_t grids = tc::launched_grids();
@@ -386,6 +451,8 @@ TEMPLATE_LIST_TEST_CASE("tensor-core attention matches the double reference", "[
         const Run<typename TestType::Exec> run{s, causal, form};
         check_attention<TestType, longattn::bfloat16>(run, rng);
         check_attention<TestType, longattn::float16>(run, rng);
+        // float (TF32) in one form of each causal setting: the forms' code is the 16-bit one's.
+        if ((form == Form::atomic) != causal) check_attention<TestType, float>(run, rng);
       }
 }
 
@@ -399,6 +466,7 @@ TEMPLATE_LIST_TEST_CASE("tensor-core attention: two passes, output_scale, accumu
     check_attention<TestType, longattn::bfloat16>(Run{s, causal, Form::atomic, 0.25}, rng);
     check_attention<TestType, longattn::float16>(Run{s, causal, Form::deterministic, 1.5, true}, rng);
     check_attention<TestType, longattn::bfloat16>(Run{s, causal, Form::atomic, 1, true}, rng);
+    check_attention<TestType, float>(Run{s, causal, Form::atomic, 0.5, true}, rng);
   }
   // Head dim 256: the forward pass on tensor cores, the backward on the portable kernels.
   Run wide{{1, 130, 90, 1, 256, 40, 0}, true, Form::atomic};
@@ -406,12 +474,18 @@ TEMPLATE_LIST_TEST_CASE("tensor-core attention: two passes, output_scale, accumu
   check_attention<TestType, longattn::bfloat16>(wide, rng);
   wide.causal = false;
   check_attention<TestType, longattn::float16>(wide, rng);
-  // Head dims without programs, and float: the portable kernels.
+  // Head dims without programs, float at 256 (its tiles would not fit) or without allow_tf32: the
+  // portable kernels.
   Run other{{1, 70, 70, 2, 32}, true, Form::atomic};
   other.forward_on_tensor_cores = other.backward_on_tensor_cores = false;
   check_attention<TestType, longattn::bfloat16>(other, rng);
   other.s.head_dim = 96;
   check_attention<TestType, longattn::float16>(other, rng);
+  check_attention<TestType, float>(other, rng);
+  other.s.head_dim = 256;
+  check_attention<TestType, float>(other, rng);
+  other.s.head_dim = 64;
+  other.allow_tf32 = false;
   check_attention<TestType, float>(other, rng);
 }
 
@@ -456,6 +530,7 @@ TEMPLATE_LIST_TEST_CASE("tensor-core attention: block-sparse layouts visit only 
     run.layout = &window;
     run.mask = &window_mask;
     check_attention<TestType, longattn::float16>(run, rng);
+    check_attention<TestType, float>(run, rng);
   }
 }
 
@@ -544,6 +619,14 @@ TEST_CASE("the warp emulation reports races, early reads, misalignment, divergen
                       }
                     }),
                     Contains("the warp diverged at a collective"));
+  CHECK_THROWS_WITH(emulate<32>([](char*, int thread) {  // a TF32 operand not rounded to TF32
+                      float d[4] = {};
+                      const float x = thread == 6 ? 1.0f + 0x1p-20f : 1.0f;
+                      std::uint32_t a[4] = {};
+                      std::memcpy(&a[0], &x, sizeof x);
+                      EmulatedWarp::mma<tc::Operand::tf32>(d, a, 0u, 0u);
+                    }),
+                    Contains("mma.m16n8k8.tf32: lane 6's a0 is 0x3f800008, not a TF32 value"));
   CHECK_THROWS_WITH(emulate<64>([](char*, int thread) {
                       if (thread < 32) EmulatedWarp::sync_cta();
                     }),

@@ -23,8 +23,9 @@
 //
 // On Kokkos::Cuda (TensorCoreTiles, attention_tiles.hpp) bfloat16 and float16 tensors with head
 // dims 64 and 128 (forward also 256) and rows of 16-byte chunks run on tensor cores
-// (detail/tensor_core/); their backward pass allocates 8 bytes per query (LSE, Delta) and, in its
-// one-pass form, dQ's float sums (B * H * Nq * D), within the same bound.
+// (detail/tensor_core/), and so do float tensors with head dims 64 and 128 where
+// AttentionOptions::allow_tf32 asks for it; their backward pass allocates 8 bytes per query
+// (LSE, Delta) and, in its one-pass form, dQ's float sums (B * H * Nq * D), within the same bound.
 #pragma once
 
 #include <Kokkos_Core.hpp>
@@ -92,6 +93,11 @@ struct AttentionOptions {
   // atomic adds in an order that varies, unless this asks for a dQ pass of its own (two passes,
   // 7 block products instead of 5), as backward_passes = two does.
   bool deterministic = false;
+  // float tensors on the tensor cores (TensorCoreTiles on Kokkos::Cuda) as TF32: the inputs and
+  // the probabilities rounded to 10 mantissa bits for the products, which accumulate in float
+  // (PyTorch's allow_tf32). Off: the portable kernels, float throughout. Other types and
+  // configurations ignore it.
+  bool allow_tf32 = false;
   // On a host space the kernels read the tensors they stream past a resident block (forward: K
   // and V; backward: Q and dO in the one-pass form and the dK/dV pass, K and V in the dQ pass)
   // from head-major copies ([B][H][N][D]: each head's rows together) that they take from the
@@ -491,11 +497,11 @@ Tensor4<const S, ExecSpace> streamed_tensor(const ExecutionContext<ExecSpace>& c
   return copy;
 }
 
-// Whether the tensor-core kernels are compiled for a call: storage type S 16-bit, and Tiles a
-// TensorCores configuration whose launcher runs on ExecSpace (attention_tiles.hpp).
+// Whether the tensor-core kernels are compiled for a call: storage type S 16-bit or float, and
+// Tiles a TensorCores configuration whose launcher runs on ExecSpace (attention_tiles.hpp).
 template <class ExecSpace, class S, class Tiles>
 constexpr bool tensor_cores_compiled() {
-  if constexpr (uses_tensor_cores<Tiles>::value && is_half_v<S>)
+  if constexpr (uses_tensor_cores<Tiles>::value && (is_half_v<S> || std::is_same_v<S, float>))
     return Tiles::tensor_core_launch::template runs_on<ExecSpace>;
   else
     return false;
@@ -537,7 +543,7 @@ void AttentionKernels<ExecSpace, S, Pattern, Tiles>::forward(const Context& cont
   const double scale = softmax_scale(opts, geo.head_dim);
   if constexpr (tensor_cores_compiled<ExecSpace, S, Tiles>()) {
     using TensorCores = tensor_core::TensorCoreKernels<typename Tiles::tensor_core_launch, ExecSpace, S, Pattern>;
-    if (TensorCores::take(geo.head_dim, false, q, k, v, o)) {
+    if (TensorCores::take(geo.head_dim, false, opts.allow_tf32, q, k, v, o)) {
       TensorCores::forward(context, q, k, v, o, lse, geo, pattern, float(scale * log2_e<double>()),
                            float(opts.output_scale), opts.accumulate_output);
       return;
@@ -583,7 +589,7 @@ void AttentionKernels<ExecSpace, S, Pattern, Tiles>::backward(const Context& con
   const T scale_log2 = T(scale * log2_e<double>());
   if constexpr (tensor_cores_compiled<ExecSpace, S, Tiles>()) {
     using TensorCores = tensor_core::TensorCoreKernels<typename Tiles::tensor_core_launch, ExecSpace, S, Pattern>;
-    if (TensorCores::take(geo.head_dim, true, q, k, v, d_o, dq, dk, dv)) {
+    if (TensorCores::take(geo.head_dim, true, opts.allow_tf32, q, k, v, d_o, dq, dk, dv)) {
       require(!opts.deterministic || opts.backward_passes != BackwardPasses::one, "longattn::attention_backward",
               "opts.backward_passes", "one",
               "two or automatic with opts.deterministic (on tensor cores the one-pass form sums dQ atomically)");

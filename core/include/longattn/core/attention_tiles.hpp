@@ -22,7 +22,8 @@
 //                     micro-tiles.
 //   TensorCoreTiles   Kokkos::Cuda's: the tensor-core kernels (detail/tensor_core/) for the calls
 //                     they take (bfloat16 and float16 tensors, head dims 64 and 128, forward
-//                     also 256, rows of 16-byte chunks), ThreadTiles<128> for the rest.
+//                     also 256; float as TF32 with AttentionOptions::allow_tf32, head dims 64
+//                     and 128; rows of 16-byte chunks), ThreadTiles<128> for the rest.
 //   EmulatedTensorCoreTiles  the tensor-core kernels on a host space through the lane-exact
 //                     emulation of the warps (detail/tensor_core/emulated_warp.hpp: slow, for
 //                     tests and debugging), SimdTiles for the rest.

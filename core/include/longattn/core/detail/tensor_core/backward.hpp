@@ -11,25 +11,27 @@
 //   loop    over the query blocks that visit the key block (a block pattern's transpose):
 //             wait; barrier; cp.async the next query block's Q, dO and statistics
 //             S^T = K Q^T                    A = K rows (ldmatrix), B = Q rows (ldmatrix)
-//             P^T = 2^(S^T scale log2(e) - LSE), packed to 16 bits as an A operand
-//             dV += P^T dO                   B = dO (ldmatrix.trans)
-//             dP^T = V dO^T; dS^T = P^T (output_scale dP^T - Delta), with P^T's 16-bit values
-//             dK += dS^T Q                   A = dS^T packed, B = Q (ldmatrix.trans)
+//             P^T = 2^(S^T scale log2(e) - LSE), packed to 16 bits (TF32: rounded) as an A operand
+//             dV += P^T dO                   B = dO (ldmatrix.trans; TF32: 32-bit loads)
+//             dP^T = V dO^T; dS^T = P^T (output_scale dP^T - Delta), with P^T's operand values
+//             dK += dS^T Q                   A = dS^T packed, B = Q (as dO)
 //             SumQueryGradient: dS^T to shared memory; barrier; warp w adds dQ for queries
 //             16 w .. 16 w + 15: dQ += scale dS K (A = dS by ldmatrix.trans of dS^T, B = K by
-//             ldmatrix.trans) into a float [B][H][Nq][D] sum, atomically (red.global.add.v2.f32):
-//             FlashAttention-2's one pass, 5 products, the sums' order not fixed
+//             ldmatrix.trans; TF32: 32-bit loads) into a float [B][H][Nq][D] sum, atomically
+//             (red.global.add.v2.f32): FlashAttention-2's one pass, 5 products, the sums' order
+//             not fixed
 //   end     dK = scale dK, dV = output_scale dV through the Q and dO tiles, 16-byte stores
-//   Per thread: dK and dV accumulators D / 2 floats each, S^T (then dP^T) 32, P^T packed 16;
-//   D <= 128.
+//   Per thread: dK and dV accumulators D / 2 floats each, S^T (then dP^T) 32, P^T's operands 16
+//   (TF32: 32); D <= 128. Float tiles take twice the bytes: D = 64: 120 KiB, 128: 216 KiB.
 //
 // QueryGradientProgram: one CTA per (batch, head, 64-query block), dQ alone, deterministic (the
 // two-pass form's second pass, S and dP computed again: 7 products in all).
 //   CTA     4 warps; warp w owns queries 16 w .. 16 w + 15 (M = queries)
 //   shared  Q [64][D], dO [64][D] (resident), K and V [2][64][D] (double-buffered key blocks):
-//           D = 64: 54 KiB, 128: 102 KiB
+//           D = 64: 54 KiB, 128: 102 KiB (float: 102 and 198 KiB)
 //   loop    over the key blocks the query block visits: S = Q K^T, dP = dO V^T, dS, dQ += dS K
-//           (A = dS from the accumulators, B = K by ldmatrix.trans)
+//           (A = dS from the accumulators, B = K by ldmatrix.trans; TF32: 32-bit loads)
+// Float tiles are rounded to TF32 where they land (tiles.hpp, round_tile).
 //   end     dQ = scale dQ through the Q tile
 #pragma once
 
@@ -41,10 +43,6 @@
 #include "longattn/core/detail/tensor_core/tiles.hpp"
 
 namespace longattn::detail::tensor_core {
-
-struct alignas(8) FloatPair {
-  float x, y;
-};
 
 template <class S>
 struct BackwardArguments {
@@ -104,22 +102,23 @@ struct QueryStatistics {
 // c = A B^T over the head dim: rows m0 .. m0 + 15 of a [.][D] tile `a` (the A operand by ldmatrix)
 // against the 64 rows of a [64][D] tile `b` (two B operands per ldmatrix): S = Q K^T, S^T = K Q^T,
 // dP = dO V^T, dP^T = V dO^T.
-template <class Warp, Operand Type, int D>
+template <class Warp, class S, int D>
 KOKKOS_INLINE_FUNCTION void rows_times_rows(const char* a, const char* b, int m0, int lane, float (&c)[8][4]) {
+  constexpr int k = mma_k<S>;
   LONGATTN_WARP_UNROLL
   for (int n = 0; n < 8; ++n)
     LONGATTN_WARP_UNROLL
     for (int i = 0; i < 4; ++i) c[n][i] = 0.0f;
   LONGATTN_WARP_ROLLED  // unrolled, the loads of every k-step were hoisted: 255 registers and spills at D = 128
-  for (int kk = 0; kk < D / 16; ++kk) {
+  for (int kk = 0; kk < D / k; ++kk) {
     std::uint32_t x[4];
-    Warp::ldmatrix_x4(x, a + a_address(lane, m0, 16 * kk, D));
+    a_from_rows<Warp, S>(x, a, lane, m0, k * kk, D);
     LONGATTN_WARP_UNROLL
     for (int nn = 0; nn < 4; ++nn) {
       std::uint32_t y[4];
-      Warp::ldmatrix_x4(y, b + b_address(lane, 16 * nn, 16 * kk, D));
-      Warp::template mma<Type>(c[2 * nn], x, y[0], y[1]);
-      Warp::template mma<Type>(c[2 * nn + 1], x, y[2], y[3]);
+      b_from_rows<Warp, S>(y, b, lane, 16 * nn, k * kk, D);
+      mma<Warp, S>(c[2 * nn], x, y[0], y[1]);
+      mma<Warp, S>(c[2 * nn + 1], x, y[2], y[3]);
     }
   }
 }
@@ -150,46 +149,59 @@ KOKKOS_INLINE_FUNCTION void score_gradients(float (&dp)[8][4], float output_scal
     for (int i = 0; i < 4; ++i) dp[n][i] = p(n, i) * (dp[n][i] * output_scale - delta(n, i));
 }
 
-// The A operands of the four 16-column slices of a row block of accumulators, packed to 16 bits.
-template <class Warp, Operand Type>
-KOKKOS_INLINE_FUNCTION void pack_operands(const float (&c)[8][4], std::uint32_t (&a)[4][4]) {
-  LONGATTN_WARP_UNROLL
-  for (int kk = 0; kk < 4; ++kk) a_from_accumulators<Warp, Type>(c, kk, a[kk]);
-}
-
-// Accumulator (n, i) of the block that pack_operands packed, as the 16-bit value it holds.
+// The A operands of a row block of 16 x 64 accumulators (P, dS): one per k-step.
 template <class S>
-KOKKOS_INLINE_FUNCTION float packed_value(const std::uint32_t (&a)[4][4], int n, int i) {
-  const std::uint32_t word = a[n / 2][2 * (n % 2) + i / 2];
-  return i % 2 == 0 ? low_value<S>(word) : high_value<S>(word);
+using BlockOperands = std::uint32_t[block_tokens / mma_k<S>][4];
+
+template <class Warp, class S>
+KOKKOS_INLINE_FUNCTION void make_operands(const float (&c)[8][4], BlockOperands<S>& a) {
+  LONGATTN_WARP_UNROLL
+  for (int kk = 0; kk < block_tokens / mma_k<S>; ++kk) a_from_accumulators<Warp, S>(c, kk, a[kk]);
 }
 
-// acc += A B for 16 rows: A the packed operands a (16 x 64), B the 64 rows of a [64][D] tile
-// (ldmatrix.trans), acc [D / 8][4].
-template <class Warp, Operand Type, int D>
-KOKKOS_INLINE_FUNCTION void add_product(const std::uint32_t (&a)[4][4], const char* tile, int lane,
-                                        float (&acc)[D / 8][4]) {
+// acc += A B for 16 rows: A the operands a (16 x 64), B the 64 rows of a [64][D] tile, acc
+// [D / 8][4].
+template <class Warp, class S, int D>
+KOKKOS_INLINE_FUNCTION void add_product(const BlockOperands<S>& a, const char* tile, int lane, float (&acc)[D / 8][4]) {
+  constexpr int k = mma_k<S>;
   LONGATTN_WARP_UNROLL
   for (int nn = 0; nn < D / 16; ++nn)
     LONGATTN_WARP_UNROLL
-    for (int kk = 0; kk < 4; ++kk) {
+    for (int kk = 0; kk < block_tokens / k; ++kk) {
       std::uint32_t b[4];
-      Warp::ldmatrix_x4_trans(b, tile + b_trans_address(lane, 16 * kk, 16 * nn, D));
-      Warp::template mma<Type>(acc[2 * nn], a[kk], b[0], b[1]);
-      Warp::template mma<Type>(acc[2 * nn + 1], a[kk], b[2], b[3]);
+      b_from_columns<Warp, S>(b, tile, lane, k * kk, 16 * nn, D);
+      mma<Warp, S>(acc[2 * nn], a[kk], b[0], b[1]);
+      mma<Warp, S>(acc[2 * nn + 1], a[kk], b[2], b[3]);
     }
 }
 
-// Stages factor * acc (16 rows of D) in a warp's rows of a tile as 16-bit values.
-template <class Warp, Operand Type, int D>
+// Stages factor * acc (16 rows of D) in a warp's rows of a tile as values of S.
+template <class Warp, class S, int D>
 KOKKOS_INLINE_FUNCTION void stage_rows(char* staging, const float (&acc)[D / 8][4], float factor, int lane) {
   const Lane at(lane);
   LONGATTN_WARP_UNROLL
   for (int half = 0; half < 2; ++half)
     LONGATTN_WARP_UNROLL
     for (int n = 0; n < D / 8; ++n)
-      Warp::store_shared(staging + tile_offset(at.group + 8 * half, 8 * n + 2 * at.quad_lane, D),
-                         Warp::template pack<Type>(acc[n][2 * half] * factor, acc[n][2 * half + 1] * factor));
+      store_pair<Warp, S>(staging + tile_offset<S>(at.group + 8 * half, 8 * n + 2 * at.quad_lane, D),
+                          acc[n][2 * half] * factor, acc[n][2 * half + 1] * factor);
+}
+
+// Stores the operands a of a row block (16 x 64: rows m0 .. m0 + 15 of a [64][64] tile) as the
+// values they hold, each where its accumulator sits.
+template <class Warp, class S>
+KOKKOS_INLINE_FUNCTION void store_operands(char* tile, const BlockOperands<S>& a, int m0, int lane) {
+  const Lane at(lane);
+  LONGATTN_WARP_UNROLL
+  for (int n = 0; n < 8; ++n)
+    LONGATTN_WARP_UNROLL
+    for (int half = 0; half < 2; ++half) {
+      char* address = tile + tile_offset<S>(m0 + at.group + 8 * half, 8 * n + 2 * at.quad_lane, block_tokens);
+      if constexpr (sizeof(S) == 2)  // register 2 (n % 2) + half holds the pair as it is stored
+        Warp::store_shared(address, a[n / 2][2 * (n % 2) + half]);
+      else
+        Warp::store_shared(address, FloatPair{operand_value<S>(a, n, 2 * half), operand_value<S>(a, n, 2 * half + 1)});
+    }
 }
 
 template <class Warp, class S, int D, class Pattern, bool SumQueryGradient>
@@ -198,10 +210,10 @@ struct KeyGradientProgram {
   static constexpr int L = block_tokens;
   static constexpr int warps = 4, threads = 32 * warps;
   static constexpr int min_ctas_per_sm = 2;
-  static constexpr std::size_t tile = tile_bytes(L, D), stats_bytes = L * sizeof(FloatPair);
-  static constexpr std::size_t ds_bytes = SumQueryGradient ? tile_bytes(L, L) : 0;
+  static constexpr std::size_t tile = tile_bytes<S>(L, D), stats_bytes = L * sizeof(FloatPair);
+  static constexpr std::size_t ds_bytes = SumQueryGradient ? tile_bytes<S>(L, L) : 0;
   static constexpr std::size_t shared_bytes = 6 * tile + 2 * stats_bytes + ds_bytes;
-  static constexpr Operand type = operand_of<S>;
+  static_assert(shared_bytes <= max_shared_bytes, "the tiles fit an H100's shared memory");
 
   BackwardArguments<S> args;
   Pattern pattern;
@@ -238,6 +250,8 @@ struct KeyGradientProgram {
     for (int visit = 0; visit < visiting.count; ++visit) {
       const int stage = visit & 1;
       Warp::cp_async_wait_all();
+      if (visit == 0) round_block_pair<Warp, D, threads, S>(k_tile(shared), v_tile(shared), thread);
+      round_block_pair<Warp, D, threads, S>(q_tile(shared, stage), do_tile(shared, stage), thread);
       Warp::sync_cta();  // this query block landed; every warp is done with the other stage (and dS^T)
       if (visit + 1 < visiting.count) load_query_block(shared, stage ^ 1, b, h, visiting[visit + 1], thread);
       Warp::cp_async_commit();
@@ -256,27 +270,20 @@ struct KeyGradientProgram {
         return Warp::template load_shared<float>(query_stats + (8 * n + accumulator_col(lane, i)) * sizeof(FloatPair) +
                                                  sizeof(float));
       };
-      // Rows are this warp's keys, columns the block's queries. P^T is packed right away (its
-      // 16-bit values also make dS^T), so that S^T's and dP^T's registers are not live at once.
+      // Rows are this warp's keys, columns the block's queries. P^T is made an operand right
+      // away (its values also make dS^T), so that S^T's and dP^T's registers are not live at once.
       float x[8][4];  // S^T, then dP^T
-      std::uint32_t p[4][4], ds[4][4];
-      rows_times_rows<Warp, type, D>(k_tile(shared), sq, 16 * warp, lane, x);
+      BlockOperands<S> p, ds;
+      rows_times_rows<Warp, S, D>(k_tile(shared), sq, 16 * warp, lane, x);
       probabilities<Warp>(x, args.scale_log2, first, end, lane, lse2_of);
-      pack_operands<Warp, type>(x, p);
-      add_product<Warp, type, D>(p, sdo, lane, dv);  // dV += P^T dO
-      rows_times_rows<Warp, type, D>(v_tile(shared), sdo, 16 * warp, lane, x);
-      score_gradients(x, args.output_scale, [&](int n, int i) { return packed_value<S>(p, n, i); }, delta_of);
-      pack_operands<Warp, type>(x, ds);
-      add_product<Warp, type, D>(ds, sq, lane, dk);  // dK += dS^T Q
+      make_operands<Warp, S>(x, p);
+      add_product<Warp, S, D>(p, sdo, lane, dv);  // dV += P^T dO
+      rows_times_rows<Warp, S, D>(v_tile(shared), sdo, 16 * warp, lane, x);
+      score_gradients(x, args.output_scale, [&](int n, int i) { return operand_value<S>(p, n, i); }, delta_of);
+      make_operands<Warp, S>(x, ds);
+      add_product<Warp, S, D>(ds, sq, lane, dk);  // dK += dS^T Q
       if constexpr (SumQueryGradient) {
-        char* sds = ds_tile(shared);
-        LONGATTN_WARP_UNROLL
-        for (int kk = 0; kk < 4; ++kk)
-          LONGATTN_WARP_UNROLL
-          for (int r = 0; r < 4; ++r)  // operand register r: rows group + 8 (r % 2), columns 2 quad_lane + 8 (r / 2)
-            Warp::store_shared(
-                sds + tile_offset(16 * warp + at.group + 8 * (r % 2), 16 * kk + 8 * (r / 2) + 2 * at.quad_lane, L),
-                ds[kk][r]);
+        store_operands<Warp, S>(ds_tile(shared), ds, 16 * warp, lane);
         Warp::sync_cta();  // dS^T whole
         add_query_gradient(shared, b, h, q_first, warp, lane);
       }
@@ -284,10 +291,10 @@ struct KeyGradientProgram {
     Warp::cp_async_wait_all();
     Warp::sync_cta();
     // dK and dV through this warp's rows of the first stage's Q and dO tiles.
-    char* dk_staging = q_tile(shared, 0) + tile_offset(16 * warp, 0, D);
-    char* dv_staging = do_tile(shared, 0) + tile_offset(16 * warp, 0, D);
-    stage_rows<Warp, type, D>(dk_staging, dk, args.scale, lane);
-    stage_rows<Warp, type, D>(dv_staging, dv, args.output_scale, lane);
+    char* dk_staging = q_tile(shared, 0) + tile_offset<S>(16 * warp, 0, D);
+    char* dv_staging = do_tile(shared, 0) + tile_offset<S>(16 * warp, 0, D);
+    stage_rows<Warp, S, D>(dk_staging, dk, args.scale, lane);
+    stage_rows<Warp, S, D>(dv_staging, dv, args.output_scale, lane);
     Warp::sync_warp();
     const int count = min_int(args.keys - warp_first_key, 16);
     store_warp_rows<Warp, D>(dk_staging, args.dk.row(b, warp_first_key, h), args.dk.token_stride, count,
@@ -321,16 +328,17 @@ struct KeyGradientProgram {
       for (int n = 0; n < 4; ++n)
         LONGATTN_WARP_UNROLL
         for (int i = 0; i < 4; ++i) acc[n][i] = 0.0f;
+      constexpr int k = mma_k<S>;
       LONGATTN_WARP_ROLLED
-      for (int kk = 0; kk < L / 16; ++kk) {
+      for (int kk = 0; kk < L / k; ++kk) {
         std::uint32_t a[4];
-        Warp::ldmatrix_x4_trans(a, sds + a_trans_address(lane, 16 * kk, 16 * warp, L));
+        a_from_columns<Warp, S>(a, sds, lane, k * kk, 16 * warp, L);
         LONGATTN_WARP_UNROLL
         for (int nn = 0; nn < 2; ++nn) {
           std::uint32_t bk[4];
-          Warp::ldmatrix_x4_trans(bk, sk + b_trans_address(lane, 16 * kk, column0 + 16 * nn, D));
-          Warp::template mma<type>(acc[2 * nn], a, bk[0], bk[1]);
-          Warp::template mma<type>(acc[2 * nn + 1], a, bk[2], bk[3]);
+          b_from_columns<Warp, S>(bk, sk, lane, k * kk, column0 + 16 * nn, D);
+          mma<Warp, S>(acc[2 * nn], a, bk[0], bk[1]);
+          mma<Warp, S>(acc[2 * nn + 1], a, bk[2], bk[3]);
         }
       }
       LONGATTN_WARP_UNROLL
@@ -352,9 +360,9 @@ struct QueryGradientProgram {
   static constexpr int L = block_tokens;
   static constexpr int warps = 4, threads = 32 * warps;
   static constexpr int min_ctas_per_sm = 2;
-  static constexpr std::size_t tile = tile_bytes(L, D);
+  static constexpr std::size_t tile = tile_bytes<S>(L, D);
   static constexpr std::size_t shared_bytes = 6 * tile;
-  static constexpr Operand type = operand_of<S>;
+  static_assert(shared_bytes <= max_shared_bytes, "the tiles fit an H100's shared memory");
 
   BackwardArguments<S> args;
   Pattern pattern;
@@ -393,25 +401,27 @@ struct QueryGradientProgram {
     for (int visit = 0; visit < visited.count; ++visit) {
       const int stage = visit & 1;
       Warp::cp_async_wait_all();
+      if (visit == 0) round_block_pair<Warp, D, threads, S>(sq, sdo, thread);
+      round_block_pair<Warp, D, threads, S>(k_tile(shared, stage), v_tile(shared, stage), thread);
       Warp::sync_cta();  // this key block landed; every warp is done with the other stage
       if (visit + 1 < visited.count) load_key_block(shared, stage ^ 1, b, h, visited[visit + 1], thread);
       Warp::cp_async_commit();
       const std::int64_t k_first = std::int64_t(visited[visit]) * L;
       float s[8][4], dp[8][4];
-      rows_times_rows<Warp, type, D>(sq, k_tile(shared, stage), 16 * warp, lane, s);
-      rows_times_rows<Warp, type, D>(sdo, v_tile(shared, stage), 16 * warp, lane, dp);
+      rows_times_rows<Warp, S, D>(sq, k_tile(shared, stage), 16 * warp, lane, s);
+      rows_times_rows<Warp, S, D>(sdo, v_tile(shared, stage), 16 * warp, lane, dp);
       const int first[2] = {0, 0}, end[2] = {args.keys_seen(rows[0], k_first), args.keys_seen(rows[1], k_first)};
       probabilities<Warp>(s, args.scale_log2, first, end, lane, [&](int, int i) { return row_stats[i / 2].x; });
       score_gradients(dp, args.output_scale, [&](int n, int i) { return s[n][i]; },
                       [&](int, int i) { return row_stats[i / 2].y; });
-      std::uint32_t ds[4][4];
-      pack_operands<Warp, type>(dp, ds);
-      add_product<Warp, type, D>(ds, k_tile(shared, stage), lane, dq);  // dQ += dS K
+      BlockOperands<S> ds;
+      make_operands<Warp, S>(dp, ds);
+      add_product<Warp, S, D>(ds, k_tile(shared, stage), lane, dq);  // dQ += dS K
     }
     Warp::cp_async_wait_all();
     Warp::sync_cta();
-    char* staging = sq + tile_offset(16 * warp, 0, D);  // this warp's own Q rows
-    stage_rows<Warp, type, D>(staging, dq, args.scale, lane);
+    char* staging = sq + tile_offset<S>(16 * warp, 0, D);  // this warp's own Q rows
+    stage_rows<Warp, S, D>(staging, dq, args.scale, lane);
     Warp::sync_warp();
     store_warp_rows<Warp, D>(staging, args.dq.row(b, warp_first, h), args.dq.token_stride,
                              min_int(args.queries - warp_first, 16), args.accumulate, lane);

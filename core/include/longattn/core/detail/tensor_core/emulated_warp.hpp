@@ -20,6 +20,7 @@
 //     is not read, nor issued over data another thread read since the last barrier;
 //   - cp.async data lands only when its own thread waits: a read before the wait sees old data
 //     and is reported.
+//   - the operands of mma...tf32 are TF32 values (their 13 low bits clear: cvt.rna.tf32.f32).
 // Counters (EmulationCounters) say how many instructions of each kind ran and how many extra
 // shared-memory wavefronts ldmatrix took for bank conflicts.
 #pragma once
@@ -77,6 +78,7 @@ void cp_async_16(void* shared, const void* global, bool fill);
 void cp_async_wait_all();
 void atomic_add_pair(float* global, float x, float y);
 float exp2(float x);
+std::uint32_t tf32(float x);
 void store_shared(void* address, const void* value, std::size_t bytes);
 void load_shared(const void* address, void* value, std::size_t bytes);
 }  // namespace emulation
@@ -125,6 +127,9 @@ struct EmulatedWarp {
       return std::uint32_t(bfloat16(lo).bits) | std::uint32_t(bfloat16(hi).bits) << 16;
     else
       return std::uint32_t(float16(lo).bits) | std::uint32_t(float16(hi).bits) << 16;
+  }
+  KOKKOS_INLINE_FUNCTION static std::uint32_t tf32(float x) {
+    return LONGATTN_EMULATED(emulation::tf32(x), (void(x), 0u));
   }
   template <class T>
   KOKKOS_INLINE_FUNCTION static void store_shared(void* address, T value) {

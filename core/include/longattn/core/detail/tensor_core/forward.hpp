@@ -3,15 +3,18 @@
 //
 //   CTA     8 warps (256 threads); warp w owns 16 query rows, rows 16 w .. 16 w + 15 of the pair
 //           (warps 0-3 the first query block, 4-7 the second)
-//   shared  Q [128][D], K [64][D], V [64][D], 16-bit, rows padded (fragments.hpp):
-//           D = 64: 36 KiB, 128: 68 KiB, 256: 132 KiB
+//   shared  Q [128][D], K [64][D], V [64][D] of the storage type, rows padded (fragments.hpp):
+//           16-bit D = 64: 36 KiB, 128: 68 KiB, 256: 132 KiB; float (TF32) D = 64: 68 KiB,
+//           128: 132 KiB (256 would take 260)
 //   loop    over the union of the two query blocks' key blocks (a block pattern's lists), each
 //           warp computing only for the blocks its query block visits:
-//             wait K; barrier; cp.async V            (V lands while S and the softmax run)
-//             S = Q K^T        mma.m16n8k16: A = Q rows (ldmatrix), B = K rows (ldmatrix)
+//             wait K (float: round it to TF32); barrier; cp.async V
+//                                                    (V lands while S and the softmax run)
+//             S = Q K^T        mma: A = Q rows (ldmatrix), B = K rows (ldmatrix)
 //             scale, mask, online softmax on the accumulators (rows reduced over the quad)
-//             wait V; barrier; cp.async next K       (K lands while P V runs)
-//             O += P V         A = P from the S accumulators (registers), B = V (ldmatrix.trans)
+//             wait V (float: round); barrier; cp.async next K   (K lands while P V runs)
+//             O += P V         A = P from the S accumulators (registers), B = V (ldmatrix.trans;
+//                              TF32: 32-bit loads)
 //   end     O / l through the warp's own Q rows in shared memory, 16-byte stores; LSE
 //
 // Per thread: O accumulators D / 2 floats, S 32 floats, the running max and sum of its 2 rows.
@@ -45,15 +48,15 @@ struct ForwardArguments {
 
 template <class Warp, class S, int D, class Pattern>
 struct ForwardProgram {
-  static_assert(D == 64 || D == 128 || D == 256, "head dims 64, 128, 256");
+  static_assert(D == 64 || D == 128 || (D == 256 && sizeof(S) == 2), "head dims 64, 128 (16-bit also 256)");
   static constexpr int L = block_tokens;
   static constexpr int warps = 8, threads = 32 * warps;
   static constexpr int query_rows = 2 * L;  // 16 per warp
   // D = 64 fits 128 registers a thread (two CTAs an SM); larger head dims take up to 255 (one).
   static constexpr int min_ctas_per_sm = D == 64 ? 2 : 1;
-  static constexpr std::size_t q_bytes = tile_bytes(query_rows, D), kv_bytes = tile_bytes(L, D);
+  static constexpr std::size_t q_bytes = tile_bytes<S>(query_rows, D), kv_bytes = tile_bytes<S>(L, D);
   static constexpr std::size_t shared_bytes = q_bytes + 2 * kv_bytes;
-  static constexpr Operand type = operand_of<S>;
+  static_assert(shared_bytes <= max_shared_bytes, "the tiles fit an H100's shared memory");
 
   ForwardArguments<S> args;
   Pattern pattern;
@@ -107,9 +110,12 @@ struct ForwardProgram {
     bool more = visits.next(block, in_first, in_second);
     if (more) load_keys_or_values(sk, args.k, b, h, block, thread);
     Warp::cp_async_commit();
+    bool first_visit = true;
     while (more) {
       const bool mine = has_rows && (warp < 4 ? in_first : in_second);
       Warp::cp_async_wait_all();
+      if (first_visit) round_tile<Warp, query_rows, D, threads, S>(sq, thread);
+      round_tile<Warp, L, D, threads, S>(sk, thread);
       Warp::sync_cta();  // K landed; every warp is done with V
       load_keys_or_values(sv, args.v, b, h, block, thread);
       Warp::cp_async_commit();
@@ -122,6 +128,7 @@ struct ForwardProgram {
       bool next_first = false, next_second = false;
       const bool next = visits.next(next_block, next_first, next_second);
       Warp::cp_async_wait_all();
+      round_tile<Warp, L, D, threads, S>(sv, thread);
       Warp::sync_cta();  // V landed; every warp is done with K
       if (next) load_keys_or_values(sk, args.k, b, h, next_block, thread);
       Warp::cp_async_commit();
@@ -130,10 +137,11 @@ struct ForwardProgram {
       in_first = next_first;
       in_second = next_second;
       more = next;
+      first_visit = false;
     }
     Warp::cp_async_wait_all();
     Warp::sync_cta();
-    if (has_rows) store(sq + tile_offset(16 * warp, 0, D), b, h, warp_first, rows, lane, m, l, o);
+    if (has_rows) store(sq + tile_offset<S>(16 * warp, 0, D), b, h, warp_first, rows, lane, m, l, o);
   }
 
   // K or V rows of key block `block` into a tile (zeros past the sequence).
@@ -150,23 +158,24 @@ struct ForwardProgram {
     for (int n = 0; n < L / 8; ++n)
       LONGATTN_WARP_UNROLL
       for (int i = 0; i < 4; ++i) s[n][i] = 0.0f;
+    constexpr int k = mma_k<S>;
     auto k_step = [&](int kk) {
       std::uint32_t a[4];
-      Warp::ldmatrix_x4(a, sq + a_address(lane, 16 * warp, 16 * kk, D));
+      a_from_rows<Warp, S>(a, sq, lane, 16 * warp, k * kk, D);
       LONGATTN_WARP_UNROLL
       for (int nn = 0; nn < L / 16; ++nn) {
         std::uint32_t bk[4];
-        Warp::ldmatrix_x4(bk, sk + b_address(lane, 16 * nn, 16 * kk, D));
-        Warp::template mma<type>(s[2 * nn], a, bk[0], bk[1]);
-        Warp::template mma<type>(s[2 * nn + 1], a, bk[2], bk[3]);
+        b_from_rows<Warp, S>(bk, sk, lane, 16 * nn, k * kk, D);
+        mma<Warp, S>(s[2 * nn], a, bk[0], bk[1]);
+        mma<Warp, S>(s[2 * nn + 1], a, bk[2], bk[3]);
       }
     };
     if constexpr (D <= 128) {
       LONGATTN_WARP_UNROLL
-      for (int kk = 0; kk < D / 16; ++kk) k_step(kk);
+      for (int kk = 0; kk < D / k; ++kk) k_step(kk);
     } else {
       LONGATTN_WARP_ROLLED
-      for (int kk = 0; kk < D / 16; ++kk) k_step(kk);
+      for (int kk = 0; kk < D / k; ++kk) k_step(kk);
     }
   }
 
@@ -217,20 +226,22 @@ struct ForwardProgram {
     }
   }
 
-  // O += P V: the probabilities, packed to 16 bits, are the A operand as they lie.
+  // O += P V: the probabilities, packed to 16 bits (or rounded to TF32), are the A operand as
+  // they lie.
   KOKKOS_INLINE_FUNCTION static void add_probabilities_times_values(const float (&p)[L / 8][4], const char* sv, int lane,
                                                                     float (&o)[D / 8][4]) {
-    std::uint32_t a[L / 16][4];
+    constexpr int k = mma_k<S>;
+    std::uint32_t a[L / k][4];
     LONGATTN_WARP_UNROLL
-    for (int kk = 0; kk < L / 16; ++kk) a_from_accumulators<Warp, type>(p, kk, a[kk]);
+    for (int kk = 0; kk < L / k; ++kk) a_from_accumulators<Warp, S>(p, kk, a[kk]);
     LONGATTN_WARP_UNROLL
     for (int nn = 0; nn < D / 16; ++nn)
       LONGATTN_WARP_UNROLL
-      for (int kk = 0; kk < L / 16; ++kk) {
+      for (int kk = 0; kk < L / k; ++kk) {
         std::uint32_t bv[4];
-        Warp::ldmatrix_x4_trans(bv, sv + b_trans_address(lane, 16 * kk, 16 * nn, D));
-        Warp::template mma<type>(o[2 * nn], a[kk], bv[0], bv[1]);
-        Warp::template mma<type>(o[2 * nn + 1], a[kk], bv[2], bv[3]);
+        b_from_columns<Warp, S>(bv, sv, lane, k * kk, 16 * nn, D);
+        mma<Warp, S>(o[2 * nn], a[kk], bv[0], bv[1]);
+        mma<Warp, S>(o[2 * nn + 1], a[kk], bv[2], bv[3]);
       }
   }
 
@@ -248,8 +259,8 @@ struct ForwardProgram {
       const float inverse = sum > 0.0f ? args.output_scale / sum : sum == 0.0f ? 0.0f : sum;
       LONGATTN_WARP_UNROLL
       for (int n = 0; n < D / 8; ++n)
-        Warp::store_shared(staging + tile_offset(at.group + 8 * half, 8 * n + 2 * at.quad_lane, D),
-                           Warp::template pack<type>(o[n][2 * half] * inverse, o[n][2 * half + 1] * inverse));
+        store_pair<Warp, S>(staging + tile_offset<S>(at.group + 8 * half, 8 * n + 2 * at.quad_lane, D),
+                            o[n][2 * half] * inverse, o[n][2 * half + 1] * inverse);
       if (at.quad_lane == 0 && rows[half] < args.queries)
         args.lse(b, h, rows[half]) = sum > 0.0f    ? (m[half] + math::log2(sum)) * ln_2<float>()
                                      : sum == 0.0f ? minus_infinity<float>()

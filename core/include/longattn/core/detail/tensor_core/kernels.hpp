@@ -4,12 +4,13 @@
 // A launcher runs a program (forward.hpp, backward.hpp) over its grid:
 //   CudaLaunch       a __global__ function per program on the caller's Kokkos::Cuda instance's
 //                    stream, its dynamic shared memory limit raised to what the program needs
-//                    (cudaFuncSetAttribute; the programs take 32-192 KiB, over the 48 KiB a
+//                    (cudaFuncSetAttribute; the programs take 36-216 KiB, over the 48 KiB a
 //                    kernel gets without asking, which is also all Kokkos gives a team)
 //   EmulatedLaunch   the host emulation (emulated_warp.hpp), after the instance's earlier work
-// The kernels take 16-bit tensors (bfloat16, float16) whose head dim is contiguous, whose other
-// strides are multiples of 8 values and whose data start on 16 bytes (cp.async copies 16-byte
-// chunks), head dims 64 and 128 (forward also 256); other calls run the portable kernels.
+// The kernels take 16-bit tensors (bfloat16, float16), and float tensors where the caller allows
+// TF32, whose head dim is contiguous, whose other strides are whole 16-byte chunks and whose data
+// start on 16 bytes (cp.async copies 16-byte chunks), head dims 64 and 128 (16-bit forward also
+// 256); other calls run the portable kernels.
 #pragma once
 
 #include <Kokkos_Core.hpp>
@@ -79,17 +80,20 @@ struct CudaLaunch {
 };
 #endif
 
-// The head dims with programs: forward 64, 128, 256; backward 64, 128.
-inline bool head_dim_supported(int head_dim, bool backward) {
-  return head_dim == 64 || head_dim == 128 || (!backward && head_dim == 256);
+// The head dims with programs: 64 and 128; the 16-bit forward also 256 (a float one would take
+// 260 KiB of shared memory).
+template <class S>
+bool head_dim_supported(int head_dim, bool backward) {
+  return head_dim == 64 || head_dim == 128 || (!backward && sizeof(S) == 2 && head_dim == 256);
 }
 
-// A view the programs copy in 16-byte chunks: head dim contiguous, the other strides multiples of
-// 8 values (where the extent is above 1), data on 16 bytes.
+// A view the programs copy in 16-byte chunks: head dim contiguous, the other strides whole
+// chunks (where the extent is above 1), data on 16 bytes.
 template <class View>
 bool chunked(const View& x) {
+  constexpr int values = chunk_values<typename View::value_type>;
   for (int r = 0; r < 3; ++r)
-    if (x.extent(r) > 1 && x.stride(r) % 8 != 0) return false;
+    if (x.extent(r) > 1 && x.stride(r) % values != 0) return false;
   return x.stride(3) == 1 && reinterpret_cast<std::uintptr_t>(x.data()) % 16 == 0;
 }
 
@@ -127,12 +131,13 @@ struct TensorCoreKernels {
   using Input = Tensor4<const S, ExecSpace>;
   using Output = Tensor4<S, ExecSpace>;
   using Context = ExecutionContext<ExecSpace>;
-  static_assert(is_half_v<S>, "the tensor-core kernels take bfloat16 and float16 tensors");
+  static_assert(is_half_v<S> || std::is_same_v<S, float>, "the tensor-core kernels take bfloat16, float16, float");
 
-  // Whether the programs take these tensors (else the caller runs the portable kernels).
+  // Whether the programs take these tensors (else the caller runs the portable kernels): float
+  // only where the caller allows TF32.
   template <class... Views>
-  static bool take(int head_dim, bool backward, const Views&... views) {
-    return head_dim_supported(head_dim, backward) && (chunked(views) && ...);
+  static bool take(int head_dim, bool backward, bool allow_tf32, const Views&... views) {
+    return (is_half_v<S> || allow_tf32) && head_dim_supported<S>(head_dim, backward) && (chunked(views) && ...);
   }
 
   static void forward(const Context& context, const Input& q, const Input& k, const Input& v, const Output& o,
@@ -151,7 +156,9 @@ struct TensorCoreKernels {
     switch (geo.head_dim) {
       case 64: Launch::run(context.exec(), ForwardProgram<Warp, S, 64, Pattern>{args, pattern}); break;
       case 128: Launch::run(context.exec(), ForwardProgram<Warp, S, 128, Pattern>{args, pattern}); break;
-      default: Launch::run(context.exec(), ForwardProgram<Warp, S, 256, Pattern>{args, pattern}); break;
+      default:
+        if constexpr (is_half_v<S>) Launch::run(context.exec(), ForwardProgram<Warp, S, 256, Pattern>{args, pattern});
+        break;
     }
   }
 

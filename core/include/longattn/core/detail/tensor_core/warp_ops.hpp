@@ -15,7 +15,8 @@
 //   void ldmatrix_x4(uint32_t (&r)[4], const void* row)        ldmatrix...x4.shared.b16
 //   void ldmatrix_x4_trans(uint32_t (&r)[4], const void* row)  ldmatrix...x4.trans.shared.b16
 //   template <Operand> void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1)
-//                                                  d += a b, mma.sync...m16n8k16.row.col.f32
+//                                                  d += a b, mma.sync...row.col.f32: m16n8k16
+//                                                  .bf16/.f16, m16n8k8 .tf32
 //   void cp_async_16(void* shared, const void* global, bool fill)
 //                                                  cp.async.cg 16 bytes (zeros unless fill)
 //   void cp_async_commit(), cp_async_wait_all()    cp.async.commit_group, cp.async.wait_all
@@ -24,6 +25,7 @@
 //                                                  global[1]; 8-byte aligned)
 //   float exp2(float x)                            ex2.approx.ftz.f32
 //   template <Operand> uint32_t pack(float lo, float hi)    two values rounded to nearest, lo low
+//   uint32_t tf32(float x)                         cvt.rna.tf32.f32 (to nearest, ties away from 0)
 //   template <class T> void store_shared(void*, T), T load_shared(const void*)
 // fragments.hpp says where each lane's values sit.
 #pragma once
@@ -113,9 +115,15 @@ struct CudaWarp {
           "{%0, %1, %2, %3};\n"
           : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
           : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-    else
+    else if constexpr (Type == Operand::f16)
       asm volatile(
           "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+          "{%0, %1, %2, %3};\n"
+          : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    else
+      asm volatile(
+          "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
           "{%0, %1, %2, %3};\n"
           : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
           : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
@@ -171,6 +179,15 @@ struct CudaWarp {
     }
 #else
     (void)lo, (void)hi;
+#endif
+    return word;
+  }
+  KOKKOS_INLINE_FUNCTION static std::uint32_t tf32(float x) {
+    std::uint32_t word = 0;
+#ifdef __CUDA_ARCH__
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(word) : "f"(x));
+#else
+    (void)x;
 #endif
     return word;
   }
