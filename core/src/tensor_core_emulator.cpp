@@ -421,47 +421,34 @@ float tf32_value(std::uint32_t word, int lane, const char* operand, int i) {
   return x;
 }
 
-void execute_mma_tf32(WarpState& w) {
-  float a[16][8], b[8][8], c[16][8];
-  for (int lane = 0; lane < warp_size; ++lane) {
-    const LaneSlot& s = w.lanes[lane];
-    int row, col;
-    for (int i = 0; i < 4; ++i) {
-      ptx_tf32_a_element(lane, i, row, col);
-      a[row][col] = tf32_value(s.a[i], lane, "a", i);
-    }
-    for (int i = 0; i < 2; ++i) {
-      ptx_tf32_b_element(lane, i, row, col);
-      b[row][col] = tf32_value(s.b[i], lane, "b", i);
-    }
-    for (int i = 0; i < 4; ++i) {
-      ptx_c_element(lane, i, row, col);
-      c[row][col] = s.c[i];
-    }
-  }
-  for (int lane = 0; lane < warp_size; ++lane)
-    for (int i = 0; i < 4; ++i) {
-      int row, col;
-      ptx_c_element(lane, i, row, col);
-      double sum = c[row][col];  // products of TF32 values (11-bit significands) are exact in double
-      for (int k = 0; k < 8; ++k) sum += double(a[row][k]) * double(b[k][col]);
-      w.lanes[lane].out_c[i] = float(sum);
-    }
-  ++totals.mma;
-}
-
+// D = A B + C for the warp: the operands gathered from the lanes' registers by the tables above
+// (A 16 x k, B k x 8; k = 16 for .bf16/.f16, 8 for .tf32), the products (exact in double: 16-bit
+// and TF32 significands have at most 11 bits) summed in double, rounded once at the end.
 void execute_mma(WarpState& w) {
+  const bool tf32 = w.op == Op::mma_tf32;
+  const int k = tf32 ? 8 : 16;
   float a[16][16], b[16][8], c[16][8];
   for (int lane = 0; lane < warp_size; ++lane) {
     const LaneSlot& s = w.lanes[lane];
     int row, col;
-    for (int i = 0; i < 8; ++i) {
-      ptx_a_element(lane, i, row, col);
-      a[row][col] = operand_value(w.op, half_of(s.a[i / 2], i % 2));
-    }
-    for (int i = 0; i < 4; ++i) {
-      ptx_b_element(lane, i, row, col);
-      b[row][col] = operand_value(w.op, half_of(s.b[i / 2], i % 2));
+    if (tf32) {
+      for (int i = 0; i < 4; ++i) {
+        ptx_tf32_a_element(lane, i, row, col);
+        a[row][col] = tf32_value(s.a[i], lane, "a", i);
+      }
+      for (int i = 0; i < 2; ++i) {
+        ptx_tf32_b_element(lane, i, row, col);
+        b[row][col] = tf32_value(s.b[i], lane, "b", i);
+      }
+    } else {
+      for (int i = 0; i < 8; ++i) {
+        ptx_a_element(lane, i, row, col);
+        a[row][col] = operand_value(w.op, half_of(s.a[i / 2], i % 2));
+      }
+      for (int i = 0; i < 4; ++i) {
+        ptx_b_element(lane, i, row, col);
+        b[row][col] = operand_value(w.op, half_of(s.b[i / 2], i % 2));
+      }
     }
     for (int i = 0; i < 4; ++i) {
       ptx_c_element(lane, i, row, col);
@@ -472,8 +459,8 @@ void execute_mma(WarpState& w) {
     for (int i = 0; i < 4; ++i) {
       int row, col;
       ptx_c_element(lane, i, row, col);
-      double sum = c[row][col];  // the products of 16-bit values are exact; one rounding at the end
-      for (int k = 0; k < 16; ++k) sum += double(a[row][k]) * double(b[k][col]);
+      double sum = c[row][col];
+      for (int kk = 0; kk < k; ++kk) sum += double(a[row][kk]) * double(b[kk][col]);
       w.lanes[lane].out_c[i] = float(sum);
     }
   ++totals.mma;
@@ -553,8 +540,8 @@ LaneSlot& collective(Op op, const Fill& fill) {
       case Op::ldmatrix:
       case Op::ldmatrix_trans: execute_ldmatrix(w, warp * warp_size); break;
       case Op::mma_bf16:
-      case Op::mma_f16: execute_mma(w); break;
-      case Op::mma_tf32: execute_mma_tf32(w); break;
+      case Op::mma_f16:
+      case Op::mma_tf32: execute_mma(w); break;
       case Op::sync_warp: ++w.syncs; break;
     }
     w.arrived = 0;

@@ -145,6 +145,19 @@ KOKKOS_INLINE_FUNCTION void b_from_rows(std::uint32_t (&b)[4], const char* tile,
   Warp::ldmatrix_x4(b, tile + b_address<S>(lane, n0, k0, columns));
 }
 
+// TF32 operands by columns: w[r][h] = the value at row k0 + 2 quad_lane + r (k = quad_lane + 4 r
+// in the permuted order), column c0 + group + 8 h, of a tile of 32-bit values.
+template <class Warp, class S>
+KOKKOS_INLINE_FUNCTION void tf32_column_words(std::uint32_t (&w)[2][2], const char* tile, int lane, int k0, int c0,
+                                              int columns) {
+  const Lane at(lane);
+  const char* base = tile + tile_offset<S>(k0 + 2 * at.quad_lane, c0 + at.group, columns);
+  w[0][0] = Warp::template load_shared<std::uint32_t>(base);
+  w[0][1] = Warp::template load_shared<std::uint32_t>(base + tile_offset<S>(0, 8, columns));
+  w[1][0] = Warp::template load_shared<std::uint32_t>(base + tile_offset<S>(1, 0, columns));
+  w[1][1] = Warp::template load_shared<std::uint32_t>(base + tile_offset<S>(1, 8, columns));
+}
+
 // The B operands of n-tiles n0 (b[0], b[1]) and n0 + 8 (b[2], b[3]), the k-step of rows k0 ..
 // k0 + mma_k - 1, of a tile whose rows are k (TF32: in the permuted k order).
 template <class Warp, class S>
@@ -153,12 +166,12 @@ KOKKOS_INLINE_FUNCTION void b_from_columns(std::uint32_t (&b)[4], const char* ti
   if constexpr (sizeof(S) == 2) {
     Warp::ldmatrix_x4_trans(b, tile + b_trans_address<S>(lane, k0, n0, columns));
   } else {
-    const Lane at(lane);
-    const char* base = tile + tile_offset<S>(k0 + 2 * at.quad_lane, n0 + at.group, columns);
-    b[0] = Warp::template load_shared<std::uint32_t>(base);
-    b[1] = Warp::template load_shared<std::uint32_t>(base + row_bytes<S>(columns));
-    b[2] = Warp::template load_shared<std::uint32_t>(base + 8 * sizeof(S));
-    b[3] = Warp::template load_shared<std::uint32_t>(base + row_bytes<S>(columns) + 8 * sizeof(S));
+    std::uint32_t w[2][2];
+    tf32_column_words<Warp, S>(w, tile, lane, k0, n0, columns);
+    b[0] = w[0][0];  // n-tile n0: k = quad_lane, quad_lane + 4
+    b[1] = w[1][0];
+    b[2] = w[0][1];  // n-tile n0 + 8
+    b[3] = w[1][1];
   }
 }
 
@@ -170,12 +183,12 @@ KOKKOS_INLINE_FUNCTION void a_from_columns(std::uint32_t (&a)[4], const char* ti
   if constexpr (sizeof(S) == 2) {
     Warp::ldmatrix_x4_trans(a, tile + a_trans_address<S>(lane, k0, m0, columns));
   } else {
-    const Lane at(lane);
-    const char* base = tile + tile_offset<S>(k0 + 2 * at.quad_lane, m0 + at.group, columns);
-    a[0] = Warp::template load_shared<std::uint32_t>(base);
-    a[1] = Warp::template load_shared<std::uint32_t>(base + 8 * sizeof(S));
-    a[2] = Warp::template load_shared<std::uint32_t>(base + row_bytes<S>(columns));
-    a[3] = Warp::template load_shared<std::uint32_t>(base + row_bytes<S>(columns) + 8 * sizeof(S));
+    std::uint32_t w[2][2];
+    tf32_column_words<Warp, S>(w, tile, lane, k0, m0, columns);
+    a[0] = w[0][0];  // rows m0 + group, m0 + group + 8 at k = quad_lane; then at k = quad_lane + 4
+    a[1] = w[0][1];
+    a[2] = w[1][0];
+    a[3] = w[1][1];
   }
 }
 
