@@ -554,7 +554,7 @@ void emulate(const F& f) {
 TEST_CASE("the warp emulation reports races, early reads, misalignment, divergence and deadlocks",
           "[core][tensor_cores][errors]") {
   using Catch::Contains;
-  static const char source[64] alignas(16) = {};
+  alignas(16) static const char source[64] = {};
   // Correct: written, a barrier, read by another warp; a cp.async waited for, then read.
   CHECK_NOTHROW(emulate<64>([](char* shared, int thread) {
     if (thread == 0) EmulatedWarp::store_shared(shared, 1.0f);
