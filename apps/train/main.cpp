@@ -149,6 +149,15 @@ int main(int argc, char** argv) {
       if (predicted > 0)
         std::cout << "; longattn-plan predicted " << predicted / double(1 << 20) << " MiB (measured / predicted "
                   << std::setprecision(2) << measured / predicted << ")";
+      std::cout << "\n          by category, measured / predicted MiB:";
+      for (const auto& [name, bytes] : result.memory_by_category) {
+        double expected = 0;
+        for (const auto& [term, value] : result.predicted_memory)
+          if (term == name) expected = value;
+        if (bytes == 0 && expected == 0) continue;
+        std::cout << " " << name << " " << std::setprecision(1) << double(bytes) / double(1 << 20) << " / "
+                  << expected / double(1 << 20) << ";";
+      }
       std::cout << "\n";
       const double compute = summary["steady_compute_seconds"].get<double>();
       std::cout << "time      " << std::setprecision(3) << compute

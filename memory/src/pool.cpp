@@ -229,6 +229,17 @@ void PoolState::reset_high_water() {
   std::int64_t in_use = in_use_.load();
   for (const auto& arena : arenas) in_use += arena->unpublished_in_use();
   in_use_high_.store(in_use);
+  for (CategoryCount& c : categories_) c.high.store(c.in_use.load());
+}
+
+CategoryTable PoolState::category_stats() const {
+  CategoryTable table;
+  for (int i = 0; i < category_count; ++i) {
+    const CategoryCount& c = categories_[std::size_t(i)];
+    table[std::size_t(i)] = {Category(i), std::size_t(std::max<std::int64_t>(0, c.in_use.load())),
+                             std::size_t(std::max<std::int64_t>(0, c.high.load()))};
+  }
+  return table;
 }
 
 PoolStats PoolState::stats() const {
@@ -265,7 +276,12 @@ std::shared_ptr<PoolState> make_pool_state(const PoolOptions& options, std::uniq
   return state;
 }
 
-void release_block(PoolState& state, void* ptr) noexcept {
+void count_block(PoolState& state, Category category, std::size_t bytes) noexcept {
+  state.count_category(category, std::int64_t(bytes));
+}
+
+void release_block(PoolState& state, void* ptr, Category category, std::size_t bytes) noexcept {
+  state.count_category(category, -std::int64_t(bytes));
   try {
     state.deallocate(ptr);
   } catch (const std::exception& e) {
@@ -287,6 +303,7 @@ std::size_t PoolBase::block_size(const void* ptr) const { return state_->block_s
 void PoolBase::trim() const { state_->trim(); }
 void PoolBase::reset_high_water() const { state_->reset_high_water(); }
 PoolStats PoolBase::stats() const { return state_->stats(); }
+CategoryTable PoolBase::category_stats() const { return state_->category_stats(); }
 std::vector<PoolStats> PoolBase::arena_stats() const {
   std::vector<PoolStats> all;
   for (const auto& arena : state_->arenas) all.push_back(arena->stats());

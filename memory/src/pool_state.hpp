@@ -5,6 +5,7 @@
 //
 // Locks, always taken in this order: a size class's mutex, then the arena's mutex. Thread
 // caches are touched only by their own thread (and by the arena when the thread has exited).
+#include <array>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -316,6 +317,16 @@ class PoolState {
     return 0;
   }
   std::size_t reserved() const noexcept { return reserved_.load(std::memory_order_relaxed); }
+
+  // PooledViews' blocks by category (category.hpp).
+  void count_category(Category category, std::int64_t bytes) noexcept {
+    CategoryCount& c = categories_[std::size_t(category)];
+    const std::int64_t now = c.in_use.fetch_add(bytes, std::memory_order_relaxed) + bytes;
+    std::int64_t high = c.high.load(std::memory_order_relaxed);
+    while (now > high && !c.high.compare_exchange_weak(high, now, std::memory_order_relaxed)) {
+    }
+  }
+  CategoryTable category_stats() const;
   // A NUMA binding the OS refused: warns once per pool.
   void binding_refused(const std::string& arena, const std::string& reason);
 
@@ -337,6 +348,10 @@ class PoolState {
   alignas(64) std::atomic<std::size_t> reserved_{0};
   std::atomic<std::size_t> reserved_high_{0};
   std::atomic<bool> warned_binding_{false};
+  struct CategoryCount {
+    std::atomic<std::int64_t> in_use{0}, high{0};
+  };
+  std::array<CategoryCount, category_count> categories_;
 };
 
 // ------------------------------------------------------------------------------ fast paths

@@ -241,6 +241,13 @@ struct Blocks {
 };
 constexpr std::size_t max_piece = std::size_t(1) << 30;
 
+// A host block for a hierarchical collective's node-local part (a communication buffer).
+memory::PooledView<Kokkos::View<unsigned char*, Kokkos::HostSpace>> scratch_block(std::size_t bytes) {
+  const memory::CategoryScope scope(memory::Category::communication_buffers);
+  return memory::PooledView<Kokkos::View<unsigned char*, Kokkos::HostSpace>>(memory::default_pool<Kokkos::HostSpace>(),
+                                                                             std::max<std::size_t>(1, bytes));
+}
+
 // A staged hierarchical all-reduce of one piece: reduce-scatter inside the node into a block of
 // scratch (started at once), all-reduce of that block across nodes, all-gather inside the node;
 // then the scaling of an average. Only the oldest unfinished operation of a communicator moves
@@ -251,8 +258,7 @@ class HierarchicalStages final : public PendingOperation {
                      DataType type, ReduceOp op)
       : state_(std::move(state)), send_(send), recv_(recv), count_(count), type_(type), op_(op),
         blocks_(count, state_->local_size),
-        scratch_(memory::default_pool<Kokkos::HostSpace>(),
-                 std::max<std::size_t>(1, std::size_t(blocks_.counts[0]) * size_of(type))) {
+        scratch_(scratch_block(std::size_t(blocks_.counts[0]) * size_of(type))) {
     start_stage();
     state_->staged.push_back(this);
   }
@@ -573,8 +579,7 @@ void Communicator::hierarchical_all_reduce(const void* send, void* recv, std::si
       const std::size_t n = std::min(piece_elements, count - first);
       const detail::Blocks blocks(n, state_->local_size);
       const int mine = blocks.counts[std::size_t(state_->local_rank)];
-      const memory::PooledView<Kokkos::View<unsigned char*, Kokkos::HostSpace>> block(
-          memory::default_pool<Kokkos::HostSpace>(), std::max<std::size_t>(1, std::size_t(blocks.counts[0]) * bytes));
+      const auto block = detail::scratch_block(std::size_t(blocks.counts[0]) * bytes);
       const void* in = static_cast<const char*>(send) + first * bytes;
       void* out = static_cast<char*>(recv) + first * bytes;
       check_mpi(MPI_Reduce_scatter(in, block.data(), blocks.counts.data(), t, mpi_op(op, type), state_->local),

@@ -123,26 +123,35 @@ TEST_CASE("Narayanan21: pipeline bubble (p - 1) / m of the 1T run", "[plan]") {
   CHECK(term(e.time, "pipeline bubble").value == Approx(63.0 / 512 * term(e.time, "compute").value));
 }
 
-TEST_CASE("Korthikanti22: activation memory per layer of GPT-3 175B (s 2048, b 1, h 12288, a 96, t 8)", "[plan]") {
-  const double sbh = 2048.0 * 12288;  // 25,165,824
-  ActivationInputs x{2048, 1, 12288, 96, 1, 96.0 * 2048 * 2048, Recompute::none, false, false};
-  CHECK(activation_bytes_per_layer(x) == 2868903936.0);  // s b h (34 + 5 a s / h) = 114 s b h
-  x.t = 8;
-  CHECK(activation_bytes_per_layer(x) == 578813952.0);   // s b h (10 + 24/t + 5 a s/(h t)) = 23 s b h
-  x.sequence_parallel = true;
-  CHECK(activation_bytes_per_layer(x) == 358612992.0);   // s b h (34/t + 5 a s/(h t)) = 14.25 s b h
-  x.recompute = Recompute::selective;
-  CHECK(activation_bytes_per_layer(x) == 106954752.0);   // 34 s b h / t
-  // The paper's claim: sequence parallelism + selective recomputation need 5x less than tensor
-  // parallelism alone.
-  CHECK(578813952.0 / activation_bytes_per_layer(x) > 5);
-  x.recompute = Recompute::full;
-  CHECK(activation_bytes_per_layer(x) == 2 * sbh / 8);
-  x.sequence_parallel = false;
-  CHECK(activation_bytes_per_layer(x) == 2 * sbh);
-  // A fused kernel keeps the log-sum-exp (fp32 per query and head) instead of 5 a s^2 b.
-  x = {2048, 1, 12288, 96, 8, 96.0 * 2048 * 2048, Recompute::none, true, true};
-  CHECK(activation_bytes_per_layer(x) == 34 * sbh / 8 + 4.0 * 96 * 2048 / 8);
+TEST_CASE("longattn's layer keeps Korthikanti22's 34 s b h; recomputation, tp and sequence parallelism split it", "[plan]") {
+  // GPT-3 175B's layer (s 2048, b 1, h 12288, a 96), 16-bit; first without the sub-LayerNorm.
+  const double rows = 2048, h = 12288, a = 96, sbh = rows * h;
+  LayerShape x{rows, rows, h, 4 * h, a, 1, 2, false};
+  const double per_row = 16 + 4 * a + 2;  // the norms' statistics, the LSE, a row of ones
+  CHECK(layer_kept_bytes(x) == 32 * sbh + rows * per_row);
+  x.sub_layer_norm = true;  // MAGNETO's Z and its statistics: Korthikanti's 34 s b h
+  CHECK(layer_kept_bytes(x) == 34 * sbh + rows * (per_row + 8));
+  // Selective recomputation drops A, Z, the LSE and Z's statistics: 30 s b h + small.
+  CHECK(layer_kept_bytes(x) - attention_output_bytes(x) == 30 * sbh + rows * (16 + 2));
+  x.sub_layer_norm = false;
+  x.t = 8;  // Q, K, V, A, u, GELU(u) split; x, LN1, x2, LN2 (8 s b h) whole
+  CHECK(layer_kept_bytes(x) == sbh * (8 + 24.0 / 8) + rows * (16 + 4 * a / 8 + 2));
+  x.replicated = rows / 8;  // sequence parallelism splits those too
+  CHECK(layer_kept_bytes(x) == sbh * 32 / 8 + rows / 8 * 16 + rows * (4 * a / 8 + 2));
+  x.sub_layer_norm = true;
+  CHECK(layer_kept_bytes(x) == sbh * 34 / 8 + rows / 8 * 16 + rows * (4 * a / 8 + 8 + 2));
+  CHECK(attention_output_bytes(x) == rows * (2 * 2 * h / 8 + 4 * a / 8 + 8));
+  // Backward's buffers: 3 s b h whole (here split) and s b f / t, a row of ones.
+  CHECK(backward_buffer_bytes(x) == 2 * (3 * rows / 8 * h + rows * 4 * h / 8 + rows));
+  CHECK(attention_backward_bytes(x) == rows * (2 * h / 8 * 5 + 4 * h / 8 + 4 * a / 8));
+}
+
+TEST_CASE("a 16-bit matrix product's operand copies", "[plan]") {
+  using Gemm = KernelCopies::Gemm;
+  CHECK(gemm_copy_bytes(Gemm::none, 4096, 1024, 4096) == 0);
+  CHECK(gemm_copy_bytes(Gemm::float_operands, 4096, 1024, 4096) == 4 * (4096.0 * 1024 + 4096.0 * 4096 + 1024.0 * 4096));
+  // bf16 panels along the depth of the largest of forward (I), dW (R) and dx (O).
+  CHECK(gemm_copy_bytes(Gemm::bf16_panels, 100, 10, 1000) == 2 * (100.0 + 10) * 1000);
 }
 
 TEST_CASE("Rajbhandari20: model-state memory of Figure 1 and Table 1", "[plan]") {

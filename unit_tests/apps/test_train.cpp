@@ -13,9 +13,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <filesystem>
@@ -25,6 +27,7 @@
 #include <random>
 #include <sstream>
 
+#include "longattn/core/bf16_dot_products.hpp"
 #include "longattn/train/checkpoint.hpp"
 #include "longattn/train/prediction.hpp"
 #include "longattn/train/trainer.hpp"
@@ -611,7 +614,8 @@ TEST_CASE("a checkpoint written at tp 2 resumes at tp 1, on one rank and on two,
 }
 
 // The run reports longattn-plan's memory for its own layout: the planner's estimate of the same
-// model, precision, recomputation, grid, ZeRO stage and micro-batch, built here by hand.
+// model, precision, recomputation, grid, ZeRO stage, micro-batch and kernel copies, built here by
+// hand; and the pool's high-water by category, each near the planner's term of the same name.
 TEST_CASE("a run carries longattn-plan's memory and compute-time prediction for its layout", "[train][plan]") {
   const auto world = test::throwing_world();
   TrainConfig c = tiny_config();
@@ -622,6 +626,7 @@ TEST_CASE("a run carries longattn-plan's memory and compute-time prediction for 
   c.zero = world.size() > 1 ? 1 : 0;
   c.peak_gflops = 100;  // all ranks' cores: each rank a "device" of 100 / ranks
   c.efficiency = {0.5, 0.25, 0.3, 0.35, "test"};
+  c.memory_limit_mib = 4096;  // a pool of the run's own
   const TrainResult r = run_training(c, world, nullptr);
   plan::Plan p;
   p.model.layers = 2;
@@ -630,6 +635,13 @@ TEST_CASE("a run carries longattn-plan's memory and compute-time prediction for 
   p.model.vocabulary = 256;
   p.model.sequence = 64;
   p.model.positions = plan::Positions::learned;
+  p.model.tied_embeddings = false;
+  p.model.sub_layer_norm = true;
+  p.training.fp32_gradients = p.training.fp32_gradient_reduce = true;
+  p.copies.head_major_attention = Kokkos::SpaceAccessibility<Kokkos::DefaultExecutionSpace, Kokkos::HostSpace>::accessible;
+  p.copies.gemm = !p.copies.head_major_attention ? plan::KernelCopies::Gemm::float_operands
+                  : longattn::bf16_dot_products_in_use() ? plan::KernelCopies::Gemm::bf16_panels
+                                                         : plan::KernelCopies::Gemm::float_operands;
   p.training.global_batch_tokens = 4 * 64;
   p.training.precision = plan::Precision::bf16;
   p.training.recompute = plan::Recompute::selective;
@@ -650,6 +662,19 @@ TEST_CASE("a run carries longattn-plan's memory and compute-time prediction for 
     CHECK(r.predicted_memory[i].first == expected.memory[i].name);
     CHECK(r.predicted_memory[i].second == Approx(expected.memory[i].value).epsilon(1e-12));
   }
+  // Measured by category: every category the planner names, within 10% (or 32 KiB: the pool's
+  // rounding of a few small blocks);
+  // nothing outside the categories.
+  REQUIRE(r.memory_by_category.size() == std::size_t(longattn::memory::category_count));
+  CHECK(r.memory_by_category[0] == std::make_pair(std::string("other"), std::size_t(0)));
+  for (const auto& [name, predicted] : r.predicted_memory) {
+    const auto measured = std::find_if(r.memory_by_category.begin(), r.memory_by_category.end(),
+                                       [&, n = name](const auto& m) { return m.first == n; });
+    REQUIRE(measured != r.memory_by_category.end());
+    INFO(name << ": measured " << measured->second << " bytes, predicted " << predicted);
+    CHECK(std::abs(double(measured->second) - predicted) <= std::max(0.10 * predicted, 32768.0));
+  }
+  CHECK(double(r.steps.back().memory_bytes) == Approx(r.predicted_memory_bytes).epsilon(0.10));
   if (world.size() == 2) {  // tp 2: the planner's tensor parallelism without its sequence and vocabulary splits
     c.tp = 2;
     const TrainResult split = run_training(c, world, nullptr);
@@ -661,6 +686,58 @@ TEST_CASE("a run carries longattn-plan's memory and compute-time prediction for 
     CHECK(split.predicted_compute_seconds == Approx(time_term(tp, "compute")).epsilon(1e-12));
     p.layout.sequence_parallel = p.layout.vocab_parallel = true;  // Megatron's: less memory
     CHECK(plan::estimate(p).memory_total < tp.memory_total);
+  }
+}
+
+// longattn-plan's memory against random (model, layout) pairs the trainer runs on this world's
+// ranks (perf_tests/plan_check.py draws 40 over 1-4 ranks): a fresh seed each run, printed;
+// LONGATTN_PLAN_SEED repeats one. Each case's whole high-water within 10% of the prediction.
+TEST_CASE("longattn-plan's memory holds on random models and layouts", "[train][plan]") {
+  const auto world = test::throwing_world();
+  double seed = 0;
+  if (world.rank() == 0)
+    seed = std::getenv("LONGATTN_PLAN_SEED") ? std::atof(std::getenv("LONGATTN_PLAN_SEED"))
+                                               : double(std::random_device()() % (1u << 30));
+  world.all_reduce(&seed, &seed, 1, parallel::DataType::float64, parallel::ReduceOp::max);  // every rank draws alike
+  WARN("LONGATTN_PLAN_SEED=" << std::uint64_t(seed) << " repeats these cases");
+  std::mt19937_64 rng{std::uint64_t(seed)};
+  auto pick = [&](std::vector<int> options) { return options[std::size_t(rng() % options.size())]; };
+  const int ranks = world.size();
+  for (int n = 0; n < 3; ++n) {
+    TrainConfig c = tiny_config();
+    c.steps = 2;
+    c.memory_limit_mib = 4096;  // a pool of the run's own
+    c.model.layers = pick({1, 2, 3});
+    c.model.embed = pick({32, 64, 96});
+    c.model.heads = pick({1, 2, 4});
+    c.model.context = pick({128, 256});
+    c.tp = pick({1, ranks % 2 == 0 && c.model.heads % 2 == 0 ? 2 : 1});
+    c.cp = pick({1, (ranks / c.tp) % 2 == 0 ? 2 : 1});
+    const int dp = ranks / (c.tp * c.cp);
+    const std::string attention = c.tp > 1 ? pick({0, 1}) ? "dense" : "block_sparse:pattern=local_window;radius=64"
+                                           : pick({0, 1, 2}) == 0 ? "dense"
+                                           : pick({0, 1}) ? "dilated:w=64,128;r=1,2"
+                                                          : "block_sparse:pattern=random;density=0.5";
+    c.model.attention = parse_attention_spec(attention);
+    c.batch = dp * pick({1, 2});
+    c.micro_batch = pick({0, 1});
+    c.zero = pick({0, 1, 2});
+    c.precision = std::vector<Precision>{Precision::fp32, Precision::bf16, Precision::fp16}[rng() % 3];
+    c.model.recompute = std::vector<Recompute>{Recompute::none, Recompute::selective, Recompute::full}[rng() % 3];
+    c.grad_reduce = pick({0, 1}) ? GradientReduce::fp32 : GradientReduce::model;
+    c.sequence_parallel = c.tp > 1 && pick({0, 1});
+    const TrainResult r = run_training(c, world, nullptr);
+    std::ostringstream measured;
+    for (const auto& [name, bytes] : r.memory_by_category) measured << name << " " << bytes << ", ";
+    std::ostringstream predicted;
+    for (const auto& [name, bytes] : r.predicted_memory) predicted << name << " " << bytes << ", ";
+    INFO("case " << n << ": " << ranks << " ranks tp " << c.tp << " cp " << c.cp << (c.sequence_parallel ? " sp" : "")
+                 << " ZeRO " << c.zero << ", L " << c.model.layers << " E " << c.model.embed << " H " << c.model.heads
+                 << " N " << c.model.context << " batch " << c.batch << " mb " << c.micro_batch << ", "
+                 << to_string(c.precision) << " " << to_string(c.model.recompute) << " reduce "
+                 << to_string(c.grad_reduce) << ", " << attention << "\nmeasured: " << measured.str()
+                 << "\npredicted: " << predicted.str());
+    CHECK(double(r.steps.back().memory_bytes) == Approx(r.predicted_memory_bytes).epsilon(0.10));
   }
 }
 

@@ -136,3 +136,51 @@ TEMPLATE_LIST_TEST_CASE("the default pool of a memory space is one pool", "[memo
   }
   CHECK(pool.stats().in_use_bytes == before);
 }
+
+TEMPLATE_LIST_TEST_CASE("a pool counts PooledViews by the category current when each was made", "[memory][pooled_view]",
+                        longattn::test::ExecutionSpaces) {
+  using Space = typename TestType::memory_space;
+  using longattn::memory::Category;
+  using longattn::memory::CategoryScope;
+  using longattn::memory::block_bytes;
+  using Vector = Kokkos::View<float*, Space>;
+  const Pool<Space> pool;
+  auto in_use = [&](Category c) { return pool.category_stats()[std::size_t(c)].in_use_bytes; };
+  auto high = [&](Category c) { return pool.category_stats()[std::size_t(c)].in_use_high_water_bytes; };
+  const std::size_t small = block_bytes(100 * sizeof(float)), large = block_bytes(300000 * sizeof(float));
+  CHECK(longattn::memory::current_category() == Category::other);
+  const PooledView<Vector> outside(pool, 100);
+  std::optional<PooledView<Vector>> kept, copy;
+  {
+    const CategoryScope activations(Category::activations);
+    kept.emplace(pool, 300000);
+    {
+      const CategoryScope inner(Category::transient_copies);  // innermost wins
+      CHECK(longattn::memory::current_category() == Category::transient_copies);
+      copy.emplace(pool, 100);
+      const PooledView<Vector> gone(pool, 300000);
+      CHECK(in_use(Category::transient_copies) == small + large);
+    }
+    CHECK(longattn::memory::current_category() == Category::activations);
+  }
+  CHECK(longattn::memory::current_category() == Category::other);
+  CHECK(in_use(Category::other) == small);
+  CHECK(in_use(Category::activations) == large);
+  CHECK(in_use(Category::transient_copies) == small);  // `gone` went back under its own category
+  CHECK(high(Category::transient_copies) == small + large);
+  CHECK(in_use(Category::parameters) == 0);
+  {
+    const CategoryScope later(Category::parameters);  // a block counts where it was made, not where it goes
+    kept.reset();
+  }
+  CHECK(in_use(Category::activations) == 0);
+  CHECK(in_use(Category::parameters) == 0);
+  CHECK(high(Category::activations) == large);
+  std::size_t total = 0;
+  for (const auto& c : pool.category_stats()) total += c.in_use_bytes;
+  CHECK(total == pool.stats().in_use_bytes);
+  pool.reset_high_water();  // the categories' marks start again from what they hold
+  CHECK(high(Category::activations) == 0);
+  CHECK(high(Category::transient_copies) == small);
+  CHECK(std::string(longattn::memory::to_string(Category::optimizer_states)) == "optimizer states");
+}

@@ -1,6 +1,7 @@
 #include "longattn/plan/estimate.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <set>
@@ -158,68 +159,105 @@ Estimate estimate(const Plan& plan, const AttentionWork& work) {
   e.micro_batches = micro_batches;
   e.parameters = model_parameters(model);
 
-  // ---- Memory per GPU -----------------------------------------------------------------------
-  const double per_layer = layer_parameters(h, f);
+  // ---- Memory per GPU, in the categories longattn-train's pool counts (memory::Category) ------
+  const double per_layer = layer_parameters(model);
   // The blocks' parameters split over tp; the embeddings, output layer and final norm too when
   // vocab-parallel.
   const double vocab_split = layout.vocab_parallel ? t : 1;
   const double first_stage = L / p * per_layer / t + (embedding_parameters(model) + (p == 1 ? 2 * h : 0)) / vocab_split;
   const double last_stage = p == 1 ? first_stage : L / p * per_layer / t + (V * h + 2 * h) / vocab_split;
   e.parameters_per_gpu = std::max(first_stage, last_stage);
-  const ModelStateBytes states =
-      model_state_bytes(e.parameters_per_gpu, n_dp, layout.zero_stage, training.precision, training.optimizer);
+  const double gradient_bytes = training.fp32_gradients ? 4 : element;
+  const ModelStateBytes states = model_state_bytes(e.parameters_per_gpu, n_dp, layout.zero_stage, training.precision,
+                                                   training.optimizer, gradient_bytes);
   const std::string psi = "Psi_gpu = " + number(e.parameters_per_gpu) + " (largest stage: layers / tp, embeddings " +
                           (layout.vocab_parallel ? "/ tp)" : "whole)");
   const std::string zero_over = " / (dp x cp)";
   e.memory.push_back({"parameters", states.parameters,
                       psi + " x " + number(parameter_bytes(training.precision)) + " B" +
                           (layout.zero_stage >= 3 ? zero_over : "") + "  [ZeRO]"});
-  e.memory.push_back({"gradients", states.gradients,
-                      "Psi_gpu x " + number(parameter_bytes(training.precision)) + " B" +
-                          (layout.zero_stage >= 2 ? zero_over : "") + "  [ZeRO]"});
+  // ZeRO 2 also holds one layer's (or the embeddings') whole gradients while backward makes them.
+  const double largest_group = std::max(per_layer / t, embedding_parameters(model) / vocab_split);
+  const double gradient_group = layout.zero_stage >= 2 && n_dp > 1 ? largest_group * gradient_bytes : 0;
+  e.memory.push_back({"gradients", states.gradients + gradient_group,
+                      "Psi_gpu x " + number(gradient_bytes) + " B" + (layout.zero_stage >= 2 ? zero_over : "") +
+                          "  [ZeRO]" + (gradient_group > 0 ? " + one layer's gradients while backward makes them" : "")});
   e.memory.push_back({"optimizer states", states.optimizer,
                       "Psi_gpu x K, K = " + number(optimizer_bytes_per_parameter(training.optimizer, training.precision)) +
                           " B (" + to_string(training.optimizer) + ", " + to_string(training.precision) + ")" +
                           (layout.zero_stage >= 1 ? zero_over : "") + "  [ZeRO]"});
 
-  // Fused attention stores the LSE, not the scores, so their count does not enter.
-  const ActivationInputs per_layer_inputs{s_local, b, h, a, t, 0, training.recompute, layout.sequence_parallel, true};
-  const double layer_activations = activation_bytes_per_layer(per_layer_inputs) * element / 2;
-  const double in_flight = std::min(p, micro_batches);
-  const double logits = 4 * s_local * b * V / vocab_split;
-  // Full recomputation runs each layer's forward again in its backward: that one layer's
-  // activations, kept whole, are live on top of every layer's input.
-  ActivationInputs whole_layer_inputs = per_layer_inputs;
-  whole_layer_inputs.recompute = Recompute::none;
-  const double recomputed_layer = full ? activation_bytes_per_layer(whole_layer_inputs) * element / 2 : 0;
-  const double activations =
-      recomputed_layer + (p == 1 ? L * layer_activations + logits
-                                 : std::max(in_flight * L / p * layer_activations, L / p * layer_activations + logits));
+  // One micro-batch's rows on this rank; the tensors outside the split sublayers are split over
+  // the sequence too with sequence parallelism.
   const bool sp = layout.sequence_parallel;
-  const char* recompute_formula =
-      training.recompute == Recompute::full        ? (sp ? "2 s b h / t" : "2 s b h")
-      : training.recompute == Recompute::selective ? (sp ? "34 s b h / t" : "s b h (10 + 24 / t)")
-      : sp                                         ? "(34 s b h + 4 a s b) / t"
-                                                   : "s b h (10 + 24 / t) + 4 a s b / t";
+  const double rows = b * s_local;
+  const LayerShape shape{rows, sp ? rows / t : rows, h, f, a, t, element, model.sub_layer_norm};
+  const double kept_layer = layer_kept_bytes(shape), outputs = attention_output_bytes(shape);
+  const double input_only = element * shape.replicated * h;  // full recomputation keeps each layer's input
+  const double layer_activations = full ? input_only
+                                   : training.recompute == Recompute::selective ? kept_layer - outputs
+                                                                                : kept_layer;
+  // The head: the final norm's input and output, its statistics, and the logits (which the loss's
+  // backward overwrites with their gradient).
+  const double head_rows = shape.replicated;
+  const double logits = head_rows * (element * (2 * h + V / vocab_split) + 8);
+  const double in_flight = std::min(p, micro_batches);
+  // Selective recomputation: the layer being computed holds its attention outputs until its projection.
+  const double computing = training.recompute == Recompute::selective ? outputs : 0;
+  const double activations =
+      computing + (p == 1 ? L * layer_activations + logits
+                          : std::max(in_flight * L / p * layer_activations, L / p * layer_activations + logits));
+  const char* recompute_formula = full ? "its input x"
+                                  : training.recompute == Recompute::selective
+                                      ? "x, LN1, x2, LN2 (s b h each), Q, K, V (s b h / t each), u, GELU(u) (s b f / t each)"
+                                      : "x, LN1, x2, LN2 (s b h each), Q, K, V, A (s b h / t each), u, GELU(u) (s b f / t "
+                                        "each), LSE";
   e.memory.push_back({"activations", activations,
-                      std::string(recompute_formula) + " per layer (s = seq/cp = " + number(s_local) +
-                          ") x layers/pp x min(pp, micro-batches) in flight, + logits 4 s b V" +
-                          (layout.vocab_parallel ? " / t" : "") + "  [Korthikanti22]" +
-                          (full ? ", + the recomputed layer's kept whole" : "")});
+                      std::string("per layer ") + recompute_formula + (sp ? ", s b h terms / t (sequence parallel)" : "") +
+                          " (s = seq/cp = " + number(s_local) +
+                          ") x layers/pp x min(pp, micro-batches) in flight, + the head's s b (2 h + V" +
+                          (layout.vocab_parallel ? " / t" : "") + ")" +
+                          (computing > 0 ? " + the attention outputs of the layer being computed" : "") +
+                          "  [Korthikanti22's 34 s b h]"});
 
-  // The fused backward's Delta (fp32 per query and head); dilated longnet's partial o and lse.
-  double workspace = 4 * b * (a / t) * s_local;
-  std::string workspace_formula = "4 b (a/t) s: the fused backward's rowsum(dO o O)";
+  // Backward's workspaces: its buffers for the whole pass (and under full recomputation the
+  // layer recomputed, kept whole); then either a layer's attention backward (its buffers, the
+  // recomputed outputs under selective recomputation, dilated attention's partial results, a
+  // 16-bit ring's fp32 accumulators) beside the attention's head-major copies, or a matrix
+  // product's operand copies: the two never run at once, so the whole takes the larger.
+  const double recomputed_layer = full ? kept_layer - input_only : 0;
+  const double pass_buffers = backward_buffer_bytes(shape) + recomputed_layer;
+  double attention_workspace = attention_backward_bytes(shape) +
+                               (training.recompute == Recompute::selective ? outputs : 0);
+  std::string workspace_formula = "s b (3 h + f / t): backward's gradient buffers";
+  if (full) workspace_formula += " + the recomputed layer";
+  workspace_formula += " + the attention backward's s b (5 h / t fp32 and 16-bit) and Delta";
+  if (training.recompute == Recompute::selective) workspace_formula += " + its recomputed outputs";
   if (dilated && work.dilated_levels.size() > 1) {
-    workspace += b * s_local * (h / t) * element + 4 * b * (a / t) * s_local;
+    attention_workspace += rows * ((h / t) * element + 4 * (a / t));
     workspace_formula += " + partial o and lse of the dilated merge";
   }
-  e.memory.push_back({"attention workspace", workspace, workspace_formula});
+  if (c > 1 && !dilated && element < 4) {
+    attention_workspace += rows * (h / t) * (3 * 4 + element);
+    workspace_formula += " + the 16-bit ring's fp32 dQ, dK, dV";
+  }
+  e.memory.push_back({"workspaces", pass_buffers + attention_workspace, workspace_formula});
 
-  // One layer's backward at a time holds the gradients of its input, residual branch and norm
-  // output (3 s b h), its MLP's hidden layer (s b f) and Q, K, V (3 s b h).
-  e.memory.push_back({"backward buffers", b * s_local * (6 * h + f) / t * element,
-                      "s b (6 h + f) / t: one layer's input, residual, norm, MLP-hidden and Q, K, V gradients"});
+  // Transient copies: the attention's head-major copies (two of Q, K, V, dO at a time; a ring
+  // step's piece is half a zigzag shard) and 16-bit matrix products' operand copies (the largest
+  // of the layer's products: Q, K, V and output projections, the MLP, the head).
+  const double pieces = c > 1 && !dilated && model.causal ? 0.5 : 1.0;
+  const double head_major = plan.copies.head_major_attention && a / t > 1 ? 2 * element * rows * pieces * (h / t) : 0;
+  double gemm_copies = 0;
+  if (element < 4)
+    for (const auto& [R, I, O] : {std::array<double, 3>{rows, h, 3 * h / t}, {rows, h / t, h}, {rows, h, f / t},
+                                  {rows, f / t, h}, {head_rows, h, V / vocab_split}})
+      gemm_copies = std::max(gemm_copies, gemm_copy_bytes(plan.copies.gemm, R, I, O));
+  e.memory.push_back({"transient copies", std::max(head_major, gemm_copies),
+                      "the larger of the attention's head-major copies (" + number(head_major) +
+                          " B) and a 16-bit matrix product's operand copies (" + number(gemm_copies) + " B)"});
+  const double phase_excess = std::max(head_major, gemm_copies) + attention_workspace -
+                              std::max(attention_workspace + head_major, gemm_copies);
 
   double buffers = 0;
   std::string buffer_formula;
@@ -227,8 +265,7 @@ Estimate estimate(const Plan& plan, const AttentionWork& work) {
     buffers += bytes;
     buffer_formula += (buffer_formula.empty() ? "" : " + ") + what;
   };
-  if (c > 1 && !dilated)
-    add_buffer(b * s_local * (h / t) * (4 * element + 16), "ring: 2 K/V pieces + 2 fp32 dK/dV pieces");
+  if (c > 1 && !dilated) add_buffer(rows * (h / t) * (4 * element + 8), "ring: K/V pieces in flight and a dK/dV piece");
   if (c > 1 && dilated) {
     double largest = 0;
     for (const auto& level : work.dilated_levels) {
@@ -237,18 +274,24 @@ Estimate estimate(const Plan& plan, const AttentionWork& work) {
     }
     if (largest > 0) add_buffer(largest, "gathered dilated K/V of a spanning segment and their fp32 gradients");
   }
-  if (t > 1 && sp) add_buffer(2 * b * s_local * h * element, "sequence-parallel all-gather of s b h");
-  // Buckets in flight, as gradient_as_bucket_view reduces them; a model whose gradients are
-  // smaller than two buckets holds only those. Buckets hold whole gradients, also under ZeRO 2
-  // (each is reduce-scattered into the ranks' pieces).
-  if (n_dp > 1)
-    add_buffer(std::min(2 * bucket_bytes, e.parameters_per_gpu * parameter_bytes(training.precision)),
-               "2 gradient buckets of 25 MiB (or all the gradients, if fewer bytes)");
-  if (layout.zero_stage >= 3 && n_dp > 1)
+  if (t > 1 && sp) add_buffer(4 * rows * h * element, "sequence parallelism: gathered s b h and its staging, twice");
+  // The data-parallel reduction. longattn's buckets (ZeRO 0 and 1) hold a copy of every gradient
+  // in the reduction's type; ZeRO 2 reduce-scatters them and receives 1/(dp x cp) of them; ZeRO 3
+  // streams 2 buckets of 25 MiB.
+  const double reduce_bytes = training.fp32_gradient_reduce ? 4 : element;
+  if (n_dp > 1 && layout.zero_stage <= 1)
+    add_buffer(e.parameters_per_gpu * reduce_bytes, "a bucket copy of every gradient");
+  if (n_dp > 1 && layout.zero_stage == 2)
+    add_buffer(e.parameters_per_gpu * reduce_bytes * (1 + 1 / n_dp), "the gradients reduce-scattered and the piece received");
+  if (layout.zero_stage >= 3 && n_dp > 1) {
+    add_buffer(std::min(2 * bucket_bytes, e.parameters_per_gpu * reduce_bytes), "2 gradient buckets of 25 MiB");
     add_buffer(2 * per_layer / t * element, "ZeRO-3: 2 layers' gathered parameters");
+  }
   e.memory.push_back({"communication buffers", buffers, buffer_formula.empty() ? "none (one GPU per replica)" : buffer_formula});
 
+  // The whole: every category's high-water, less what the two backward phases never hold at once.
   for (const Term& term : e.memory) e.memory_total += term.value;
+  e.memory_total -= phase_excess;
   e.memory_usable = cluster.gpu.memory_bytes * (1 - cluster.memory_reserve);
   e.fits = e.memory_total <= e.memory_usable;
 

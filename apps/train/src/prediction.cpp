@@ -1,6 +1,9 @@
 #include "longattn/train/prediction.hpp"
 
+#include <Kokkos_Core.hpp>
+
 #include "longattn/core/attention_spec.hpp"
+#include "longattn/core/bf16_dot_products.hpp"
 
 namespace longattn::train {
 
@@ -15,12 +18,24 @@ plan::Estimate planner_estimate(const TrainConfig& c, int ranks, double peak_flo
   p.model.attention = to_string(c.model.attention);
   p.model.causal = true;
   p.model.positions = plan::Positions::learned;
+  p.model.tied_embeddings = false;  // the head has its own weights and bias
+  p.model.sub_layer_norm = true;    // MultiheadAttention's MAGNETO sub-LayerNorm
   p.training.global_batch_tokens = c.batch * c.model.context;
   p.training.tokens = double(c.steps) * double(p.training.global_batch_tokens);
   p.training.precision = c.precision == Precision::fp32   ? plan::Precision::fp32
                          : c.precision == Precision::bf16 ? plan::Precision::bf16
                                                           : plan::Precision::fp16;
   p.training.optimizer = plan::Optimizer::adam;
+  p.training.fp32_gradients = true;  // accumulate_t: float for every model type
+  p.training.fp32_gradient_reduce = c.grad_reduce == GradientReduce::fp32;
+  // The copies longattn's kernels make on this build's execution space.
+  using Exec = Kokkos::DefaultExecutionSpace;
+  const bool host = Kokkos::SpaceAccessibility<Exec, Kokkos::HostSpace>::accessible;
+  p.copies.head_major_attention = host;  // AttentionOptions::head_major_copies' default, on the CPU
+  if (c.precision != Precision::fp32)
+    p.copies.gemm = host && c.precision == Precision::bf16 && bf16_dot_products_in_use()
+                        ? plan::KernelCopies::Gemm::bf16_panels
+                        : plan::KernelCopies::Gemm::float_operands;
   p.training.recompute = c.model.recompute == Recompute::none        ? plan::Recompute::none
                          : c.model.recompute == Recompute::selective ? plan::Recompute::selective
                                                                      : plan::Recompute::full;

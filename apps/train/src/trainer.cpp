@@ -159,6 +159,11 @@ void validate(const TrainConfig& c, int world_size) {
   require(!c.sequence_parallel || (c.model.context / c.cp) % c.tp == 0, program, "sequence-parallel", "true",
           "tokens per rank context / cp = " + std::to_string(c.model.context / c.cp) + " divisible by tp = " +
               std::to_string(c.tp));
+  require(c.precision == Precision::fp32 || c.model.attention.kind != AttentionSpec::Kind::block_sparse ||
+              c.model.attention.block_sparse.pattern != BlockSparsePattern::top_k,
+          program, "attention", to_string(c.model.attention),
+          "a fixed block-sparse pattern with --precision " + std::string(to_string(c.precision)) +
+              " (top_k scores the key blocks in float: use --precision fp32)");
   const int dp = world_size / (c.tp * c.cp);
   require(c.batch >= 1 && c.batch % dp == 0, program, "batch", c.batch,
           "a positive multiple of dp = ranks / (tp x cp) = " + std::to_string(dp) + " (sequences per step)");
@@ -243,6 +248,11 @@ nlohmann::json TrainResult::to_json(const TrainConfig& c) const {
   }
   const double steady_steps = double(steps.size() > 1 ? steps.size() - 1 : steps.size());
   const std::size_t memory = steps.empty() ? 0 : steps.back().memory_bytes, fixed = model_state_bytes + bucket_bytes;
+  const auto memory_by_category_json = [&] {
+    nlohmann::json categories = nlohmann::json::object();
+    for (const auto& [name, bytes] : memory_by_category) categories[name] = bytes;
+    return categories;
+  };
   const double gflops = steady_seconds > 0 ? steady_steps * flops_per_step / steady_seconds * 1e-9 : 0;
   j["summary"] = {{"seconds", seconds},
                   {"first_loss", steps.empty() ? 0.0 : steps.front().loss},
@@ -254,6 +264,7 @@ nlohmann::json TrainResult::to_json(const TrainConfig& c) const {
                   // a step's time after the first, less its communication: what the planner's compute term predicts
                   {"steady_compute_seconds", steady_steps > 0 ? (steady_seconds - steady_comm) / steady_steps : 0.0},
                   {"memory_bytes", memory},
+                  {"memory_by_category", memory_by_category_json()},
                   // the high-water mark beyond the model's state and the buckets: activations, workspaces
                   {"activation_bytes", memory > fixed ? memory - fixed : 0}};
   return j;
@@ -411,6 +422,7 @@ TrainResult train(const TrainConfig& config, const parallel::Communicator& world
       part.layout.extract(tp_rank, reinterpret_cast<const float*>(p), mine.data());
       const PayloadFloats floats(mine.data(), mine.size());
       if (part.sharded) {
+        const memory::CategoryScope scope(memory::Category::transient_copies);
         const auto whole = context.template allocate<Kokkos::View<float*, Memory>>(floats.size());
         Kokkos::deep_copy(whole.view(), floats);
         shards->take_pieces(whole.data(), part.local.data());
@@ -454,6 +466,7 @@ TrainResult train(const TrainConfig& config, const parallel::Communicator& world
       std::vector<float> mine(copied ? part.layout.part_count() : 0);
       const PayloadFloats floats(mine.data(), mine.size());
       if (part.sharded) {
+        const memory::CategoryScope scope(memory::Category::transient_copies);
         const auto whole = context.template allocate<Kokkos::View<float*, Memory>>(part.layout.part_count());
         shards->gather(part.local.data(), whole.data());
         if (copied) Kokkos::deep_copy(floats, whole.view());
@@ -718,10 +731,14 @@ TrainResult train(const TrainConfig& config, const parallel::Communicator& world
     // The slowest rank's time, communication and memory make the step's figures.
     if (buckets) result.bucket_bytes = buckets->buffer_bytes();
     if (scatter) result.bucket_bytes = scatter->buffer_bytes();
-    const double mine[3] = {r.seconds, communication,
-                            double(context.pool().stats().in_use_high_water_bytes)};
-    double most[3];
-    world.all_reduce(mine, most, 3, parallel::DataType::float64, parallel::ReduceOp::max);
+    // The step's time, communication, memory high-water and each category's high-water.
+    std::vector<double> mine = {r.seconds, communication, double(context.pool().stats().in_use_high_water_bytes)};
+    for (const memory::CategoryStats& c : context.pool().category_stats()) mine.push_back(double(c.in_use_high_water_bytes));
+    std::vector<double> most(mine.size());
+    world.all_reduce(mine.data(), most.data(), mine.size(), parallel::DataType::float64, parallel::ReduceOp::max);
+    result.memory_by_category.clear();
+    for (int c = 0; c < memory::category_count; ++c)
+      result.memory_by_category.emplace_back(memory::to_string(memory::Category(c)), std::size_t(most[std::size_t(3 + c)]));
     r.seconds = most[0];
     r.tokens_per_second = double(config.batch * N) / r.seconds;
     r.gflops = result.flops_per_step / r.seconds * 1e-9;

@@ -487,6 +487,7 @@ Tensor4<const S, ExecSpace> streamed_tensor(const ExecutionContext<ExecSpace>& c
                                             HeadMajorMemory<ExecSpace, S>& memory) {
   if (!wants_head_major_copy<ExecSpace>(opts, x)) return x;
   const std::size_t B = x.extent(0), N = x.extent(1), H = x.extent(2), D = x.extent(3);
+  const memory::CategoryScope scope(memory::Category::transient_copies);
   memory = context.template allocate<Kokkos::View<S*, typename ExecSpace::memory_space>>(B * H * N * D);
   const Tensor4<S, ExecSpace> copy = head_major_view<ExecSpace>(memory.data(), B, N, H, D);
   const int head_dim = int(D);
@@ -600,7 +601,10 @@ void AttentionKernels<ExecSpace, S, Pattern, Tiles>::backward(const Context& con
       return;
     }
   }
-  const auto delta = context.template allocate<Delta>(geo.batch, geo.heads, geo.queries);
+  const auto delta = [&] {
+    const memory::CategoryScope scope(memory::Category::workspaces);
+    return context.template allocate<Delta>(geo.batch, geo.heads, geo.queries);
+  }();
   Kokkos::parallel_for("longattn::attention_backward::delta",
                        Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(
                            exec, 0, std::int64_t(geo.batch) * geo.heads * geo.queries),
@@ -640,6 +644,7 @@ void AttentionKernels<ExecSpace, S, Pattern, Tiles>::backward(const Context& con
   }
   if (dq_sum.data() == nullptr) {
     const std::size_t B = geo.batch, H = geo.heads, N = geo.queries, D = geo.head_dim;
+    const memory::CategoryScope scope(memory::Category::workspaces);
     workspace = context.template allocate<Sums>(B * H * N * D);
     dq_sum = head_major_view<ExecSpace>(workspace.data(), B, N, H, D);
     Kokkos::deep_copy(exec, workspace.view(), T(0));

@@ -359,6 +359,7 @@ BlockSparseLayout<execution_space_of<On>> top_k_layout(const On& on, const Q& q,
 
   if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
     const std::int64_t rows = shape.rows();
+    const memory::CategoryScope scope(memory::Category::workspaces);
     const auto pooled_q_memory = context.template allocate<Kokkos::View<T**, Memory>>(rows, D);
     const auto pooled_k_memory = context.template allocate<Kokkos::View<T**, Memory>>(rows, D);
     const auto scores_memory = context.template allocate<Kokkos::View<T*, Memory>>(offsets.back());

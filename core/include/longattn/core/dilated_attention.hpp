@@ -243,6 +243,7 @@ void dilated_attention_forward(const On& on, const Q& q, const K& k, const V& v,
     memory::PooledView<Kokkos::View<T****, Kokkos::LayoutRight, Memory>> o_part_memory;
     memory::PooledView<Kokkos::View<accumulate_t<T>***, Kokkos::LayoutRight, Memory>> lse_part_memory;
     if (merged) {
+      const memory::CategoryScope scope(memory::Category::workspaces);
       o_part_memory = context.template allocate<Kokkos::View<T****, Kokkos::LayoutRight, Memory>>(
           geo.batch, geo.queries, geo.heads, geo.head_dim);
       lse_part_memory = context.template allocate<Kokkos::View<accumulate_t<T>***, Kokkos::LayoutRight, Memory>>(

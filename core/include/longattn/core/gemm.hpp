@@ -100,6 +100,7 @@ template <class ExecSpace, class View>
 memory::PooledView<FloatMatrix<ExecSpace>> widened(const ExecutionContext<ExecSpace>& ctx, const View& view,
                                                    bool copy) {
   using Float = FloatMatrix<ExecSpace>;
+  const memory::CategoryScope scope(memory::Category::transient_copies);
   auto wide = ctx.template allocate<Float>(view.extent(0), view.extent(1));
   if (copy) convert(ctx.exec(), view, wide.view());
   return wide;

@@ -294,6 +294,7 @@ void layer_norm_backward(const ExecutionContext<ExecSpace>& ctx, const FeatureGr
   const int E = int(columns);
   const A features = A(double(E) * group.size());
   // sums(r, 0) = sum_e g, sums(r, 1) = sum_e g x_hat over the row's columns, then over the group.
+  const memory::CategoryScope scope(memory::Category::workspaces);
   const auto sums = ctx.template allocate<Kokkos::View<A**, Kokkos::LayoutRight, typename ExecSpace::memory_space>>(
       std::size_t(rows), std::size_t(2));
   const auto s = sums.view();

@@ -157,10 +157,14 @@ class MultiheadAttention {
             options.gamma_init, "a positive finite number");
     if (options.attention.kind == AttentionSpec::Kind::dilated)
       validate_dilated_config(options.attention.dilated, heads, where);
-    parameters_ = context_.template allocate<Flat>(parameter_count());
+    {
+      const memory::CategoryScope scope(memory::Category::parameters);
+      parameters_ = context_.template allocate<Flat>(parameter_count());
+    }
     weights_ = carve(parameters_.view());
     initialize_parameters();
     if (options.own_gradients) {
+      const memory::CategoryScope scope(memory::Category::gradients);
       own_gradients_ = context_.template allocate<GradientFlat>(parameter_count());
       use_gradients(own_gradients_.view());
       zero_gradients();
@@ -300,6 +304,7 @@ class MultiheadAttention {
     const ExecSpace& exec = context_.exec();
     if (attention_out_.size() == 0) attend(exec);  // recompute_attention: A, LSE and Z again
     const std::size_t rows = std::size_t(batch_) * std::size_t(tokens_), F = local_features();  // all of them
+    const memory::CategoryScope scope(memory::Category::workspaces);
     const auto d_projection = context_.template allocate<Activations>(rows, F);
     const auto d_attention = options_.sub_layer_norm ? context_.template allocate<Activations>(rows, F)
                                                      : memory::PooledView<Activations>();
@@ -469,6 +474,7 @@ class MultiheadAttention {
   // forward pass's B and n, or none without it; the ranks' shards gathered into one.
   memory::PooledView<Tokens> whole_tokens() const {
     if (!sequence_parallel()) return {};
+    const memory::CategoryScope scope(memory::Category::communication_buffers);
     return context_.template allocate<Tokens>(std::size_t(batch_), std::size_t(tokens_), std::size_t(embed_dim_));
   }
   memory::PooledView<Tokens> gather_tokens(const ConstTokens& shard) const {

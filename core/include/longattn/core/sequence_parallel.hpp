@@ -62,6 +62,7 @@ void gather_sequence(const ExecutionContext<ExecSpace>& ctx, const FeatureGroup<
                      const Whole& whole) {
   using T = typename Whole::non_const_value_type;
   detail::check_sequence_extents("longattn::gather_sequence", group.size(), shard, whole);
+  const memory::CategoryScope scope(memory::Category::communication_buffers);
   const auto staging = ctx.template allocate<Kokkos::View<T****, Kokkos::LayoutRight, typename ExecSpace::memory_space>>(
       std::size_t(group.size()), shard.extent(0), shard.extent(1), shard.extent(2));
   group.gather(ctx.exec(), shard.data(), staging.data(), shard.size());
@@ -74,6 +75,7 @@ void reduce_scatter_sequence(const ExecutionContext<ExecSpace>& ctx, const Featu
                              const Whole& whole, const Shard& shard) {
   using T = typename Shard::non_const_value_type;
   detail::check_sequence_extents("longattn::reduce_scatter_sequence", group.size(), shard, whole);
+  const memory::CategoryScope scope(memory::Category::communication_buffers);
   const auto staging = ctx.template allocate<Kokkos::View<T****, Kokkos::LayoutRight, typename ExecSpace::memory_space>>(
       std::size_t(group.size()), shard.extent(0), shard.extent(1), shard.extent(2));
   detail::permute_sequence(ctx.exec(), staging.view(), whole, false);

@@ -22,7 +22,7 @@
 //     allocation by a NumaPlacement (local, a given node, interleaved);
 //   - bookkeeping lives on the host, outside the blocks, so device memory is never touched.
 // Double frees, pointers from elsewhere and pointers into the middle of a block are refused
-// with a longattn::Error.
+// with a longattn::Error. PooledViews' blocks are also counted by what they hold (category.hpp).
 //
 // Pool is a handle, like Kokkos::View: copies share one pool, which lives until the last copy
 // and the last PooledView (pooled_view.hpp) from it are gone.
@@ -39,6 +39,7 @@
 #include <utility>
 #include <vector>
 
+#include "longattn/memory/category.hpp"
 #include "longattn/memory/topology.hpp"
 
 namespace longattn::memory {
@@ -150,8 +151,11 @@ class SpaceChunkSource final : public ChunkSource {
 std::shared_ptr<PoolState> make_pool_state(const PoolOptions& options, std::unique_ptr<ChunkSource> source);
 // Host pools: one arena per NUMA node of options.topology (and one interleaved over all of them).
 std::shared_ptr<PoolState> make_host_pool_state(const PoolOptions& options);
-// Returns a block to its pool from a PooledView's destructor (never throws: the view knows its block).
-void release_block(PoolState& state, void* ptr) noexcept;
+// A PooledView's block of `bytes` (block_bytes()) lent under `category`.
+void count_block(PoolState& state, Category category, std::size_t bytes) noexcept;
+// Returns a block to its pool from a PooledView's destructor, and takes its bytes off its
+// category (never throws: the view knows its block).
+void release_block(PoolState& state, void* ptr, Category category, std::size_t bytes) noexcept;
 }  // namespace detail
 
 // Everything a pool does, whatever its memory space (Pool<MemorySpace> fixes the space). A
@@ -173,10 +177,12 @@ class PoolBase {
   // size class, returned when the thread exits).
   void trim() const;
 
-  // Starts a new in-use high-water mark from what is in use now (e.g. to report each step's peak).
+  // Starts new in-use high-water marks, the whole pool's and each category's, from what is in
+  // use now (e.g. to report each step's peak).
   void reset_high_water() const;
 
   PoolStats stats() const;                    // the whole pool
+  CategoryTable category_stats() const;       // PooledViews' blocks by category (category.hpp)
   std::vector<PoolStats> arena_stats() const; // per arena (host pools: per NUMA node, then interleaved)
   int arenas() const;
   const std::string& label() const;

@@ -15,7 +15,8 @@
 // refused at compile time instead: view(), the conversion and data() exist only on a PooledView
 // that lives on (an lvalue), never on a temporary such as `PooledView<V>(pool, n).view()`.
 // The block keeps its pool alive, so a PooledView may outlive every Pool handle. Contents are
-// uninitialized, as with Kokkos::WithoutInitializing.
+// uninitialized, as with Kokkos::WithoutInitializing. The block counts under the calling thread's
+// memory::Category (category.hpp) while the PooledView lives.
 #include <Kokkos_Core.hpp>
 
 #include <cstddef>
@@ -47,7 +48,11 @@ class PooledView {
     void* block = bytes > 0 ? pool.allocate(bytes, alignment) : nullptr;
     if (block) {
       std::shared_ptr<detail::PoolState> owner = pool.state_;
-      memory_ = std::shared_ptr<void>(block, [owner](void* p) { detail::release_block(*owner, p); });
+      const Category category = current_category();
+      const std::size_t counted = block_bytes(bytes, alignment);
+      detail::count_block(*owner, category, counted);
+      memory_ = std::shared_ptr<void>(
+          block, [owner, category, counted](void* p) { detail::release_block(*owner, p, category, counted); });
     }
     view_ = ViewType(static_cast<Value*>(block), std::size_t(extents)...);
   }

@@ -152,6 +152,7 @@ auto gather_segment(const ExecutionContext<ExecSpace>& context, const SpanningGr
   const auto& pool = context.pool();
   const int B = int(k.extent(0)), D = int(k.extent(3)), h = pass.head_count;
   const std::int64_t n = run.tokens, G = spanning.ranks;
+  const memory::CategoryScope scope(memory::Category::communication_buffers);
   const Pooled5<T, Memory> mine(pool, 2, B, n, h, D);
   pack_selection(exec, k, v, pass, run, mine.view());
   const Pooled6<T, Memory> all(pool, G, 2, B, n, h, D);
@@ -278,6 +279,7 @@ void dilated_attention_backward(const On& on, const Communicator& group, const A
       const std::int64_t n = run.tokens, G = spanning.ranks;
       const int h = pass.head_count, D = geo.head_dim, B = geo.batch;
       // The gradients of the whole dilated segment's keys, from this rank's queries.
+      const memory::CategoryScope scope(memory::Category::communication_buffers);
       const detail::Pooled4<T, Memory> d_keys(pool, B, G * n, h, D), d_values(pool, B, G * n, h, D);
       Kokkos::deep_copy(exec, d_keys.view(), zero);
       Kokkos::deep_copy(exec, d_values.view(), zero);

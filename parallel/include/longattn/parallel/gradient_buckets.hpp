@@ -220,6 +220,7 @@ class GradientBuckets {
   }
 
   memory::PooledView<Kokkos::View<unsigned char*, memory_space>> make_buffer(std::size_t size) const {
+    const memory::CategoryScope scope(memory::Category::communication_buffers);
     return memory::PooledView<Kokkos::View<unsigned char*, memory_space>>(context_.pool(), size);
   }
 

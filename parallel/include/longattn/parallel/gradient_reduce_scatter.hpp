@@ -213,7 +213,10 @@ class GradientReduceScatter {
   std::size_t buffer_size(std::size_t elements) const {
     return std::max<std::size_t>(1, elements) * size_of(options_.reduce_type);
   }
-  Buffer make_buffer(std::size_t elements) const { return Buffer(context_.pool(), buffer_size(elements)); }
+  Buffer make_buffer(std::size_t elements) const {
+    const memory::CategoryScope scope(memory::Category::communication_buffers);
+    return Buffer(context_.pool(), buffer_size(elements));
+  }
 
   void start_pass() {
     comm_.guarded(where_, [&] {

@@ -367,13 +367,19 @@ namespace detail {
 template <class T, class Memory>
 using Packed = Kokkos::View<T*****, Kokkos::LayoutRight, Memory, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
 
-// A buffer for the largest piece, from the context's pool; views of it for any piece.
+// A buffer for the largest piece, from the context's pool (a communication buffer); views of it
+// for any piece.
 template <class T, class Memory>
 struct PieceBuffer {
-  memory::PooledView<Kokkos::View<T*, Memory>> memory;
+  using Memory1 = memory::PooledView<Kokkos::View<T*, Memory>>;
+  Memory1 memory;
   int batch = 0, heads = 0, head_dim = 0;
   PieceBuffer(const memory::Pool<Memory>& pool, std::int64_t largest, int B, int H, int D)
-      : memory(pool, std::size_t(2) * B * largest * H * D), batch(B), heads(H), head_dim(D) {}
+      : memory(allocate(pool, std::size_t(2) * B * largest * H * D)), batch(B), heads(H), head_dim(D) {}
+  static Memory1 allocate(const memory::Pool<Memory>& pool, std::size_t elements) {
+    const memory::CategoryScope scope(memory::Category::communication_buffers);
+    return Memory1(pool, elements);
+  }
   Packed<T, Memory> packed(std::int64_t tokens) const {
     return Packed<T, Memory>(memory.data(), 2, batch, tokens, heads, head_dim);
   }
@@ -556,6 +562,7 @@ void ring_attention_forward(const On& on, const RingPlan<execution_space_of<On>>
   memory::PooledView<Kokkos::View<T****, Kokkos::LayoutRight, Memory>> o_part;
   memory::PooledView<Kokkos::View<Acc***, Kokkos::LayoutRight, Memory>> lse_part;
   if constexpr (half) {
+    const memory::CategoryScope scope(memory::Category::workspaces);
     o_wide = context.template allocate<Kokkos::View<Acc****, Kokkos::LayoutRight, Memory>>(B, local, H, D);
     o_part = context.template allocate<Kokkos::View<T****, Kokkos::LayoutRight, Memory>>(B, segment_tokens, H, D);
     lse_part = context.template allocate<Kokkos::View<Acc***, Kokkos::LayoutRight, Memory>>(B, H, segment_tokens);
@@ -672,6 +679,7 @@ void ring_attention_backward(const On& on, const RingPlan<execution_space_of<On>
   using Wide = Kokkos::View<Acc****, Kokkos::LayoutRight, Memory>;
   memory::PooledView<Wide> dq_wide, dk_wide, dv_wide;
   if constexpr (half) {
+    const memory::CategoryScope scope(memory::Category::workspaces);
     for (auto* wide : {&dq_wide, &dk_wide, &dv_wide}) *wide = context.template allocate<Wide>(B, local, H, D);
     if (opts.accumulate_gradients) {
       convert(exec, dq, dq_wide.view());
@@ -704,6 +712,7 @@ void ring_attention_backward(const On& on, const RingPlan<execution_space_of<On>
   memory::PooledView<Kokkos::View<T****, Kokkos::LayoutRight, Memory>> dq_part;
   if constexpr (half) {
     piece_part.emplace(pool, largest, b, h, d);
+    const memory::CategoryScope scope(memory::Category::workspaces);
     dq_part = context.template allocate<Kokkos::View<T****, Kokkos::LayoutRight, Memory>>(
         B, plan.segments().front().tokens, H, D);
   }

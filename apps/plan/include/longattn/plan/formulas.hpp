@@ -7,10 +7,11 @@
 //   Clusters Using Megatron-LM", SC 2021: parameter count, FLOPs per iteration (Eq. 3), training
 //   time (Eq. 4), pipeline bubble (p - 1) / m.
 // [Korthikanti22] V. Korthikanti et al., "Reducing Activation Recomputation in Large Transformer
-//   Models", MLSys 2023 (arXiv 2205.05198): activation memory per layer (Section 4, Table 2),
-//   model FLOPs 72 B s L h^2 (1 + s/(6h) + V/(12 L h)).
+//   Models", MLSys 2023 (arXiv 2205.05198): activation memory per layer (Section 4, Table 2: the
+//   34 s b h that longattn's layer also keeps), model FLOPs 72 B s L h^2 (1 + s/(6h) + V/(12 L h)).
 // [Rajbhandari20] S. Rajbhandari et al., "ZeRO: Memory Optimizations Toward Training Trillion
 //   Parameter Models", SC 2020: model-state memory (2 + 2 + K) Psi and its ZeRO stages.
+#include <algorithm>
 #include <cstdint>
 
 #include "longattn/plan/inputs.hpp"
@@ -19,15 +20,22 @@ namespace longattn::plan {
 
 // ---- Parameters [Narayanan21]: 12 L h^2 (1 + 13/(12 h) + (V + s)/(12 L h)) for f = 4h -------
 // One layer: Q, K, V and output projections with biases (4h^2 + 4h), the MLP (2hf + f + h) and
-// two LayerNorms (4h).
-inline double layer_parameters(double h, double f) { return 4 * h * h + 4 * h + 2 * h * f + f + h + 4 * h; }
-// Token embedding (tied with the LM head) and, if learned, position embeddings.
+// two LayerNorms (4h); MAGNETO's sub-LayerNorm adds 2h.
+inline double layer_parameters(double h, double f, bool sub_layer_norm = false) {
+  return 4 * h * h + 4 * h + 2 * h * f + f + h + 4 * h + (sub_layer_norm ? 2 * h : 0);
+}
+inline double layer_parameters(const ModelConfig& m) {
+  return layer_parameters(double(m.hidden), double(m.ffn_size()), m.sub_layer_norm);
+}
+// Token embedding (tied with the LM head, or the head's own V h + V beside it) and, if learned,
+// position embeddings.
 inline double embedding_parameters(const ModelConfig& m) {
-  return double(m.vocabulary) * m.hidden + (m.positions == Positions::learned ? double(m.sequence) * m.hidden : 0.0);
+  const double V = double(m.vocabulary), h = double(m.hidden);
+  return V * h + (m.tied_embeddings ? 0.0 : V * h + V) + (m.positions == Positions::learned ? double(m.sequence) * h : 0.0);
 }
 // The whole model: layers, embeddings and the final LayerNorm (2h, which Megatron's formula omits).
 inline double model_parameters(const ModelConfig& m) {
-  return double(m.layers) * layer_parameters(m.hidden, m.ffn_size()) + embedding_parameters(m) + 2.0 * m.hidden;
+  return double(m.layers) * layer_parameters(m) + embedding_parameters(m) + 2.0 * m.hidden;
 }
 
 // ---- FLOPs ----------------------------------------------------------------------------------
@@ -54,30 +62,54 @@ inline double narayanan_training_seconds(double tokens, double parameters, doubl
   return 8 * tokens * parameters / (gpus * flops_per_gpu);
 }
 
-// ---- Activation memory per layer and micro-batch [Korthikanti22, Section 4] -----------------
-// Bytes with 16-bit activations:
-//   no parallelism:                      s b h (34 + 5 a s / h)
-//   tensor parallel t:                   s b h (10 + 24/t + 5 a s / (h t))
-//   tensor + sequence parallel:          s b h (34/t + 5 a s / (h t))
-//   selective recomputation (+ seq par): s b h 34 / t        (the 5 a s^2 b attention core recomputed)
-//   full recomputation:                  2 s b h (/ t with sequence parallelism): the layer's input
-// 5 a s^2 b is the unfused attention core (softmax output 2, dropout mask 1, dropout output 2 bytes
-// per score). `attention_scores` generalizes a s^2 to the scores a sparse or dilated pattern
-// computes. A fused kernel stores none of it, only the log-sum-exp (4 a s b bytes, fp32).
-struct ActivationInputs {
-  double s, b, h, a, t;
-  double attention_scores;  // per sequence, all heads (a s^2 for dense non-causal)
-  Recompute recompute;
-  bool sequence_parallel;   // Megatron-LM's sequence parallelism alongside tensor parallelism
-  bool fused_attention;     // true: the core stores the LSE, not the scores
+// ---- Activation memory of longattn's layer (apps/train/include/longattn/train/model.hpp) -----
+// Per micro-batch on one rank: `rows` = s b tokens (s = sequence / cp), e bytes per element, t
+// tensor ranks (h/t, f/t, a/t are a rank's part), `replicated` = rows / t under sequence
+// parallelism, else rows: the rows of the tensors outside the split sublayers. Memory that the
+// fused attention never stores (the scores) does not enter; for 16-bit elements, t = 1 and
+// MAGNETO's sub-LayerNorm the kept bytes are 34 s b h and a few bytes a row (32 s b h without
+// it), as Korthikanti22's "34 s b h" (Table 2, without the 5 a s^2 b of an unfused attention core).
+struct LayerShape {
+  double rows, replicated, h, f, a, t, e;
+  bool sub_layer_norm;  // MAGNETO: the attention's output normalized (Z and its row statistics)
 };
-inline double activation_bytes_per_layer(const ActivationInputs& x) {
-  const double sbh = x.s * x.b * x.h;
-  if (x.recompute == Recompute::full) return 2 * sbh / (x.sequence_parallel ? x.t : 1);
-  const double linear = x.sequence_parallel ? 34 * sbh / x.t : sbh * (10 + 24 / x.t);
-  if (x.recompute == Recompute::selective) return linear;
-  const double core = x.fused_attention ? 4 * x.a * x.s * x.b / x.t : 5 * x.b * x.attention_scores / x.t;
-  return linear + core;
+// Kept for backward without recomputation: x, LN1(x), x2 = x + attention, LN2(x2) (replicated
+// rows of h) and their norms' mean and rstd (16 B a row); the attention's Q, K, V, output A and
+// Z (h/t each), its LSE (4 a/t B a row), Z's statistics (8 B a row) and a row of ones; the MLP's
+// u and GELU(u) (f/t each).
+inline double layer_kept_bytes(const LayerShape& x) {
+  const double sub = x.sub_layer_norm ? 1 : 0;
+  return x.replicated * (4 * x.h * x.e + 16) +
+         x.rows * (x.e * x.h / x.t * (4 + sub) + 4 * x.a / x.t + 8 * sub + x.e + 2 * x.e * x.f / x.t);
+}
+// What selective recomputation does not keep (recomputed in backward): A, Z, the LSE and Z's statistics.
+inline double attention_output_bytes(const LayerShape& x) {
+  const double sub = x.sub_layer_norm ? 1 : 0;
+  return x.rows * (x.e * x.h / x.t * (1 + sub) + 4 * x.a / x.t + 8 * sub);
+}
+// Backward's buffers for the whole pass: the gradients of a layer's input, residual and norm
+// output (3 replicated rows of h), of the MLP's hidden layer (f/t) and a row of ones.
+inline double backward_buffer_bytes(const LayerShape& x) {
+  return x.e * (3 * x.replicated * x.h + x.rows * x.f / x.t + x.rows);
+}
+// The attention's backward: the gradients of its output projection's input, of A (sub-LN) and
+// of Q, K, V (h/t each), dQ summed in fp32 (h/t) and Delta (4 a/t B a row).
+inline double attention_backward_bytes(const LayerShape& x) {
+  const double sub = x.sub_layer_norm ? 1 : 0;
+  return x.rows * (x.e * x.h / x.t * (4 + sub) + 4 * x.h / x.t + 4 * x.a / x.t);
+}
+
+// A 16-bit matrix product's operand copies (KernelCopies::Gemm) for a linear layer of R rows, I
+// inputs and O outputs; its forward (A = x, B = W, C = y), dW (dy^T x) and dx (dy W) products
+// copy the same three matrices: float copies of all three (4 (R I + R O + I O) bytes), or bf16
+// panels of A and B along the product's depth (I, R and O respectively).
+inline double gemm_copy_bytes(KernelCopies::Gemm gemm, double R, double I, double O) {
+  switch (gemm) {
+    case KernelCopies::Gemm::none: return 0;
+    case KernelCopies::Gemm::float_operands: return 4 * (R * I + R * O + I * O);
+    case KernelCopies::Gemm::bf16_panels: return 2 * std::max({(R + O) * I, (O + I) * R, (R + I) * O});
+  }
+  return 0;
 }
 
 // ---- Model states [Rajbhandari20] -----------------------------------------------------------
@@ -100,10 +132,15 @@ struct ModelStateBytes {
 // ZeRO stage 1 partitions optimizer states over the N_d data-parallel ranks, stage 2 also the
 // gradients, stage 3 also the parameters: (2 + 2 + K) Psi -> 4 Psi + K Psi/N_d -> 2 Psi +
 // (2 + K) Psi/N_d -> (4 + K) Psi/N_d for mixed precision.
-inline ModelStateBytes model_state_bytes(double psi, double data_parallel, int zero_stage, Precision p, Optimizer o) {
+// gradient_bytes: per gradient (the precision's, or 4 for fp32 gradients of a 16-bit model).
+inline ModelStateBytes model_state_bytes(double psi, double data_parallel, int zero_stage, Precision p, Optimizer o,
+                                         double gradient_bytes) {
   const double nd = data_parallel;
-  return {psi * parameter_bytes(p) / (zero_stage >= 3 ? nd : 1), psi * parameter_bytes(p) / (zero_stage >= 2 ? nd : 1),
+  return {psi * parameter_bytes(p) / (zero_stage >= 3 ? nd : 1), psi * gradient_bytes / (zero_stage >= 2 ? nd : 1),
           psi * optimizer_bytes_per_parameter(o, p) / (zero_stage >= 1 ? nd : 1)};
+}
+inline ModelStateBytes model_state_bytes(double psi, double data_parallel, int zero_stage, Precision p, Optimizer o) {
+  return model_state_bytes(psi, data_parallel, zero_stage, p, o, parameter_bytes(p));
 }
 
 // ---- Pipeline bubble [Narayanan21]: (p - 1) / m of the compute time, 1F1B schedule ----------

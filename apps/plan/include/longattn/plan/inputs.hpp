@@ -23,6 +23,8 @@ struct ModelConfig {
   std::string attention = "dense"; // an attention spec (core/attention_spec.hpp), or block_sparse:density=F
   bool causal = true;
   Positions positions = Positions::rotary;
+  bool tied_embeddings = true;  // false: the LM head has weights (V h) and a bias (V) of its own
+  bool sub_layer_norm = false;  // MAGNETO's LayerNorm on the attention's output (2h parameters per layer)
 
   std::int64_t ffn_size() const { return ffn > 0 ? ffn : 4 * hidden; }
   std::int64_t head_dim() const { return hidden / heads; }
@@ -34,6 +36,20 @@ struct TrainingConfig {
   Precision precision = Precision::bf16;
   Optimizer optimizer = Optimizer::adam;
   Recompute recompute = Recompute::selective;
+  // Gradients kept in fp32 also when training in 16 bits (Megatron-LM's main_grad; longattn-train
+  // always), and the data-parallel reduction's buffers in fp32 (false: the training precision).
+  bool fp32_gradients = false;
+  bool fp32_gradient_reduce = false;
+};
+
+// Copies the kernels make of their operands, which live while a kernel runs (memory category
+// "transient copies"): none where the kernels read their operands in place (cuBLAS, the tensor-
+// core attention), or longattn's CPU paths, which longattn-train's prediction describes.
+struct KernelCopies {
+  // 16-bit matrix products: float copies of A, B and C (Kokkos Kernels' sgemm), or A and B packed
+  // in bf16 panels (AVX512-BF16 dot products).
+  enum class Gemm { none, float_operands, bf16_panels } gemm = Gemm::none;
+  bool head_major_attention = false;  // attention streams head-major copies of two of Q, K, V, dO at a time
 };
 
 // One GPU kind. Bandwidths are per GPU and per direction, in bytes/s.
@@ -94,6 +110,7 @@ struct Plan {
   ClusterConfig cluster;
   Layout layout;
   Efficiency efficiency;
+  KernelCopies copies;
 };
 
 // Checks everything but the layout (which the search varies) / the layout against the rest.

@@ -145,7 +145,10 @@ class Transformer {
     std::mt19937_64 seeds(config.seed);
     // Own parameters, one buffer of values carved in this order; gradients by stretches.
     const std::size_t own_head = 2 * E + V * E + V, own_block = 4 * E + F * E + F + E * F + E;
-    values_ = context_.template allocate<Flat>(own_head + std::size_t(config.layers) * own_block + V * E + N * E);
+    {
+      const memory::CategoryScope scope(memory::Category::parameters);
+      values_ = context_.template allocate<Flat>(own_head + std::size_t(config.layers) * own_block + V * E + N * E);
+    }
     std::size_t offset = 0;
     auto take = [&](std::size_t count) {
       const std::size_t at = offset;

@@ -72,6 +72,7 @@ class AdamW {
     validate(config);
     std::size_t total = 0;
     for (const auto& g : groups_) total += g.count;
+    const memory::CategoryScope scope(memory::Category::optimizer_states);
     m_ = context_.template allocate<Flat>(total);
     v_ = context_.template allocate<Flat>(total);
     Kokkos::deep_copy(context_.exec(), m_.view(), Accumulate(0));

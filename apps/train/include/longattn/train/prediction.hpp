@@ -1,6 +1,9 @@
 // What longattn-plan predicts for a longattn-train run: the planner's estimate for the trainer's
-// model (learned positions, 256 bytes of vocabulary, MLP 4E, an LM head of its own), precision,
-// recomputation, grid (dp x cp, no tensor or pipeline parallelism), ZeRO stage and micro-batch.
+// model (learned positions, 256 bytes of vocabulary, MLP 4E, an LM head of its own, MAGNETO's
+// sub-LayerNorm), precision (fp32 gradients), recomputation, grid (dp x cp x tp, no pipeline),
+// ZeRO stage, micro-batch, the gradient reduction's type and the copies this build's kernels make
+// (plan::KernelCopies). Its memory terms carry the names of the pool's categories
+// (memory::Category), so that each measured category stands beside its prediction.
 // The trainer prints its memory per rank beside the pool's measured high-water mark, and its
 // compute time per step (on devices of the ranks' measured FMA peak, with config.efficiency)
 // beside the steps' measured time less their communication.

@@ -124,6 +124,10 @@ struct TrainResult {
   std::size_t model_state_bytes = 0;   // parameters, their gradients and AdamW's state (its shard
                                        // under ZeRO 1) of this rank's part of the model, per rank
   std::size_t bucket_bytes = 0;        // the gradient all-reduce's buffers, per rank
+  // The pool's high-water mark of each memory::Category over the run (parameters, gradients, ...
+  // in category.hpp's order), the largest over ranks; each category's own peak, so their sum may
+  // exceed the whole's (StepRecord::memory_bytes).
+  std::vector<std::pair<std::string, std::size_t>> memory_by_category;
   double flops_per_step = 0, peak_gflops = 0;
   // longattn-plan's memory per rank for this run (prediction.hpp), its terms by name; none when
   // the planner cannot describe the run.

@@ -56,6 +56,7 @@ class ParameterShards {
       piece_offset += mine.count;
     }
     if (stage_ == 2) {
+      const memory::CategoryScope scope(memory::Category::gradients);
       piece_gradients_ = context_.template allocate<Kokkos::View<float*, memory_space>>(piece_offset);
       float* at = piece_gradients_.data();
       for (auto& p : pieces_) {
@@ -123,6 +124,7 @@ class ParameterShards {
   void all_gather(const V* piece, std::size_t piece_count, std::size_t S, V* whole, std::size_t count) const {
     using Values = Kokkos::View<V*, memory_space, Kokkos::MemoryUnmanaged>;
     const std::size_t R = std::size_t(ranks_.size());
+    const memory::CategoryScope scope(memory::Category::communication_buffers);
     auto send = context_.template allocate<Kokkos::View<V*, memory_space>>(S);
     auto received = context_.template allocate<Kokkos::View<V*, memory_space>>(R * S);
     const auto exec = context_.exec();

@@ -86,6 +86,7 @@ void bf16_dot_product_gemm(const ExecutionContext<ExecSpace>& ctx, bool trans_a,
   const int row_panels = (m + mr - 1) / mr, column_panels = (n + nr - 1) / nr;
   const std::size_t a_panel = bf16_panel_elements(mr, depth), b_panel = bf16_panel_elements(nr, depth);
   using Packed = Kokkos::View<bfloat16*, Memory>;
+  const memory::CategoryScope scope(memory::Category::transient_copies);
   const auto packed_a = ctx.template allocate<Packed>(a_panel * std::size_t(row_panels));
   const auto packed_b = ctx.template allocate<Packed>(b_panel * std::size_t(column_panels));
   bfloat16* const pa = packed_a.data();

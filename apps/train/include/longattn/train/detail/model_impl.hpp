@@ -271,6 +271,7 @@ void Transformer<ExecSpace, T>::acquire_gradients(std::size_t s) {
   GradientStretch& stretch = stretches_[s];
   if (stretch.memory.data() != nullptr) return;  // kept
   const std::size_t module = stretch.attention ? stretch.attention->parameter_count() : 0;
+  const memory::CategoryScope scope(memory::Category::gradients);
   stretch.memory = context_.template allocate<GradientFlat>(stretch.own_count + module);
   Kokkos::deep_copy(context_.exec(), stretch.memory.view(), Accumulate(0));
   if (stretch.attention)
@@ -342,14 +343,18 @@ void Transformer<ExecSpace, T>::reserve(int batch, std::int64_t tokens) {
   x_final_ = h_final_ = logits_ = d_x_ = d_x2_ = d_h_ = d_hidden_ = {};
   norm_final_ = {};
   ones_ = {};
-  for (Block& b : blocks_) {
-    b.x = rows(R, E);
-    if (config_.recompute != Recompute::full) acquire_activations(b, R, all_rows);
+  {
+    const memory::CategoryScope kept(memory::Category::activations);
+    for (Block& b : blocks_) {
+      b.x = rows(R, E);
+      if (config_.recompute != Recompute::full) acquire_activations(b, R, all_rows);
+    }
+    x_final_ = rows(R, E), h_final_ = rows(R, E), logits_ = rows(R, V);
+    norm_final_ = {context_.template allocate<typename Stats::view_type>(R),
+                   context_.template allocate<typename Stats::view_type>(R)};
   }
-  x_final_ = rows(R, E), h_final_ = rows(R, E), logits_ = rows(R, V);
+  const memory::CategoryScope backward_only(memory::Category::workspaces);
   d_x_ = rows(R, E), d_x2_ = rows(R, E), d_h_ = rows(R, E), d_hidden_ = rows(all_rows, F);
-  norm_final_ = {context_.template allocate<typename Stats::view_type>(R),
-                 context_.template allocate<typename Stats::view_type>(R)};
   ones_ = context_.template allocate<Kokkos::View<T*, memory_space>>(all_rows);
   Kokkos::deep_copy(context_.exec(), ones_.view(), T(1.0));
   batch_ = batch;
@@ -390,6 +395,7 @@ void Transformer<ExecSpace, T>::linear_forward(const Matrix& x, std::size_t w, s
   // partial output whole before it is reduce-scattered into y.
   const bool gather = sequence_parallel_ && parallel == Parallel::column;
   const bool scatter = sequence_parallel_ && parallel == Parallel::row;
+  const memory::CategoryScope scope(memory::Category::communication_buffers);
   const Rows x_all = gather ? gathered(x) : Rows();
   const Rows y_all = scatter ? context_.template allocate<typename Rows::view_type>(x.extent(0), out) : Rows();
   const Matrix input = gather ? rows(x_all) : x, output = scatter ? rows(y_all) : y;
@@ -423,6 +429,7 @@ void Transformer<ExecSpace, T>::linear_backward(const Matrix& x, const Matrix& d
   // input gathered again and its partial dx whole before it is reduce-scattered into dx.
   const bool row = sequence_parallel_ && parallel == Parallel::row;
   const bool column = sequence_parallel_ && parallel == Parallel::column;
+  const memory::CategoryScope scope(memory::Category::communication_buffers);
   const Rows dy_all = row ? gathered(dy) : Rows();
   const Rows x_all = column ? gathered(x) : Rows();
   const Rows dx_all = column ? context_.template allocate<typename Rows::view_type>(dy.extent(0), in) : Rows();
@@ -466,6 +473,7 @@ double Transformer<ExecSpace, T>::forward(const Batch& batch, double normalizer,
   require(!sequence_parallel_ || n % parts_ == 0, where, "batch.inputs.extent(1)", n,
           "tokens per sequence divisible by the " + std::to_string(parts_) + " ranks that split them (sequence parallelism)");
   reserve(int(B), n);
+  const memory::CategoryScope kept(memory::Category::activations);  // what forward keeps for backward
   batch_data_ = batch;
   const ExecSpace& exec = context_.exec();
   const std::size_t E = config_.embed, V = ModelConfig::vocab, N = config_.context;
@@ -477,6 +485,9 @@ double Transformer<ExecSpace, T>::forward(const Batch& batch, double normalizer,
   for (std::size_t l = 0; l < blocks_.size(); ++l) {
     Block& b = blocks_[l];
     const Matrix next = l + 1 < blocks_.size() ? rows(blocks_[l + 1].x) : rows(x_final_);
+    // Under full recomputation a block's activations beyond its input are one block's working
+    // set, forward and backward (the last block's stay for backward, which starts with it).
+    const memory::CategoryScope scope(full ? memory::Category::workspaces : memory::Category::activations);
     if (full) acquire_activations(b, blocks_[0].x.extent(0), std::size_t(B) * n);
     block_forward(b, &next);
     if (full && l + 1 < blocks_.size()) {  // the last block's stay: backward starts with it
@@ -510,6 +521,8 @@ void Transformer<ExecSpace, T>::backward(const std::function<void(int)>& ready) 
   require(batch_ > 0, "longattn::train::Transformer::backward", "this", "a model without a forward pass",
           "forward() before backward()");
   const ExecSpace& exec = context_.exec();
+  // What backward takes from the pool lives only while it runs, recomputed activations included.
+  const memory::CategoryScope scope(memory::Category::workspaces);
   int finished = 0;  // groups whose gradients are final, in groups_' order
   auto finish = [&](int count) {
     for (int i = 0; i < count; ++i, ++finished)

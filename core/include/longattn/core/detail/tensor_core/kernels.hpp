@@ -166,6 +166,7 @@ struct TensorCoreKernels {
                        const Input& d_o, const Tensor3<const float, ExecSpace>& lse, const Output& dq,
                        const Output& dk, const Output& dv, const AttentionGeometry& geo, const Pattern& pattern,
                        float scale, float scale_log2, float output_scale, bool accumulate, BackwardChoice choice) {
+    const memory::CategoryScope scope(memory::Category::workspaces);
     // The queries' statistics, rows padded to whole blocks.
     const int padded = (geo.queries + block_tokens - 1) / block_tokens * block_tokens;
     const std::int64_t rows = std::int64_t(geo.batch) * geo.heads * padded;

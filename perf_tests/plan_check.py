@@ -1,0 +1,149 @@
+#!/usr/bin/env python3
+"""longattn-plan's memory per rank against longattn-train's on random (model, layout) pairs.
+
+A seeded generator draws valid longattn-train runs over its options - layers, embedding size,
+heads, context, attention kind (dense, LongNet dilated, block-sparse patterns), dp x cp x tp on
+1-4 ranks, ZeRO 0-2, precision, recomputation, micro-batches, sequence parallelism, the
+gradient reduction's type - runs each for 2 steps, and compares the trainer's pool high-water
+by category (memory::Category: parameters, gradients, optimizer states, communication buffers,
+activations, workspaces, transient copies) with the planner's terms of the same names, which
+the trainer's JSON carries (apps/train/include/longattn/train/prediction.hpp). Prints each case,
+its worst category, then the worst miss per category and of the whole. Exit status 1 when a
+case's whole misses by more than --tolerance (the issue's target: 10%).
+
+    plan_check.py build/test/apps/train/longattn-train [--seed S] [--cases 40] [--tolerance 0.10]
+
+Without --seed a fresh one is drawn and printed: `--seed S --cases N` repeats any run.
+"""
+import argparse
+import random
+import sys
+
+from train_runs import run_training
+
+CATEGORIES = ["parameters", "gradients", "optimizer states", "communication buffers", "activations",
+              "workspaces", "transient copies"]
+MIB = 1 << 20
+# Below this the relative miss of a category is not reported (a few KiB of norms or biases).
+SMALL_BYTES = 64 << 10
+
+
+def draw_attention(rng, context, heads, cp):
+    """An attention spec the trainer takes for this context, head count and cp."""
+    kind = rng.choice(["dense", "dense", "dilated", "block_sparse"])
+    if kind == "dense":
+        return "dense"
+    if kind == "dilated":
+        # LongNet levels w = w0 2^i, r = 2^i up to the context; segments divide the context.
+        w0 = rng.choice([64, 128, 256])
+        lengths, rates = [], []
+        w, r = w0, 1
+        while w <= context and len(lengths) < 4:
+            lengths.append(w)
+            rates.append(r)
+            w, r = 2 * w, 2 * r
+        if not lengths:
+            return "dense"
+        return "dilated:w=" + ",".join(map(str, lengths)) + ";r=" + ",".join(map(str, rates))
+    patterns = ["local_window", "dilated", "global_local", "random"] + (["top_k"] if cp == 1 else [])
+    pattern = rng.choice(patterns)
+    if pattern == "local_window":
+        return f"block_sparse:pattern=local_window;radius={rng.choice([64, 128, 256])}"
+    if pattern == "dilated":
+        return "block_sparse:pattern=dilated;rates=1,2,4"
+    if pattern == "global_local":
+        return f"block_sparse:pattern=global_local;radius=128;global={rng.choice([32, 64])}"
+    if pattern == "random":
+        return f"block_sparse:pattern=random;density={rng.choice([0.1, 0.25, 0.5])}"
+    return f"block_sparse:pattern=top_k;k={rng.choice([2, 4])}"
+
+
+def draw_case(rng):
+    """(ranks, longattn-train options) of one valid run."""
+    while True:
+        ranks = rng.choice([1, 2, 2, 3, 4, 4])
+        layers = rng.choice([1, 2, 3, 4])
+        embed = rng.choice([64, 128, 192, 256])
+        heads = rng.choice([h for h in [1, 2, 4, 8] if embed % h == 0 and embed // h <= 128])
+        context = rng.choice([128, 256, 512, 1024, 2048])
+        tp = rng.choice([t for t in [1, 2, 4] if ranks % t == 0 and heads % t == 0])
+        cp = rng.choice([c for c in [1, 2, 4] if (ranks // tp) % c == 0])
+        dp = ranks // (tp * cp)
+        attention = draw_attention(rng, context, heads, cp)
+        if tp > 1 and attention.startswith("dilated"):
+            attention = "dense"  # the trainer splits the heads of dense and block-sparse attention only
+        precision = rng.choice(["fp32", "bf16", "fp16"])
+        if "top_k" in attention and precision != "fp32":
+            precision = "fp32"  # top-k's block scores are computed in float
+        per_rank = rng.choice([1, 2, 4])
+        batch = dp * per_rank
+        if batch * context > 16384:  # a few seconds per step on two cores
+            continue
+        micro_batch = rng.choice([m for m in [0, 1, 2] if m == 0 or per_rank % m == 0])
+        sequence_parallel = tp > 1 and rng.random() < 0.5 and (context // cp) % tp == 0
+        options = ["--layers", layers, "--embed", embed, "--heads", heads, "--context", context,
+                   "--attention", attention, "--batch", batch, "--micro-batch", micro_batch,
+                   "--tp", tp, "--cp", cp, "--zero", rng.choice([0, 1, 2]),
+                   "--precision", precision,
+                   "--recompute", rng.choice(["none", "selective", "full"]),
+                   "--grad-reduce", rng.choice(["fp32", "model"]),
+                   "--task", "long_range"]
+        if sequence_parallel:
+            options.append("--sequence-parallel")
+        return ranks, [str(o) for o in options]
+
+
+def describe(ranks, options):
+    o = dict(zip(options[::2], options[1::2]))
+    text = (f"{ranks} ranks tp {o['--tp']} cp {o['--cp']}{' sp' if '--sequence-parallel' in options else ''} "
+            f"ZeRO {o['--zero']} | L {o['--layers']} E {o['--embed']} H {o['--heads']} N {o['--context']} "
+            f"batch {o['--batch']}/mb {o['--micro-batch']} | {o['--precision']} {o['--recompute']} "
+            f"reduce {o['--grad-reduce']} | {o['--attention']}")
+    return text
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("program", help="the longattn-train binary")
+    parser.add_argument("--seed", type=int, help="the generator's seed (default: a fresh one, printed)")
+    parser.add_argument("--cases", type=int, default=40)
+    parser.add_argument("--tolerance", type=float, default=0.10, help="largest whole miss that passes")
+    options = parser.parse_args()
+    seed = options.seed if options.seed is not None else random.SystemRandom().randrange(1 << 31)
+    print(f"plan_check.py --seed {seed} --cases {options.cases}", flush=True)
+    rng = random.Random(seed)
+    worst = {name: (0.0, None) for name in CATEGORIES + ["whole"]}
+    misses = []
+    for case in range(1, options.cases + 1):
+        ranks, args = draw_case(rng)
+        j = run_training(options.program, ranks, ["--steps", "2"] + args, "plan_check.py")
+        predicted, measured = j["predicted_memory"], j["summary"]["memory_by_category"]
+        whole = j["summary"]["memory_bytes"] / j["predicted_memory_bytes"]
+        misses.append(abs(whole - 1))
+        if abs(whole - 1) > abs(worst["whole"][0] - 1) or worst["whole"][1] is None:
+            worst["whole"] = (whole, case)
+        parts = []
+        for name in CATEGORIES:
+            p, m = predicted.get(name, 0.0), measured.get(name, 0)
+            if max(p, m) < SMALL_BYTES:
+                continue
+            ratio = m / p if p > 0 else float("inf")
+            parts.append(f"{name} {m / MIB:.2f}/{p / MIB:.2f}")
+            if worst[name][1] is None or abs(ratio - 1) > abs(worst[name][0] - 1):
+                worst[name] = (ratio, case)
+        print(f"case {case:3d}: {describe(ranks, args)}\n"
+              f"          whole {j['summary']['memory_bytes'] / MIB:.2f} MiB measured / "
+              f"{j['predicted_memory_bytes'] / MIB:.2f} predicted = {whole:.3f}; by category (MiB, measured/"
+              f"predicted): {', '.join(parts)}", flush=True)
+    print("\nworst miss per category (measured / predicted, case):")
+    for name, (ratio, case) in worst.items():
+        if case is not None:
+            print(f"  {name:22s} {ratio:6.3f}  (case {case})")
+    within5 = sum(m <= 0.05 for m in misses)
+    print(f"whole: {len(misses) - sum(m > options.tolerance for m in misses)} of {len(misses)} cases within "
+          f"{100 * options.tolerance:.0f}%, {within5} within 5%; seed {seed}")
+    sys.exit(1 if any(m > options.tolerance for m in misses) else 0)
+
+
+if __name__ == "__main__":
+    main()
