@@ -69,11 +69,9 @@ void BM_SgemmPrescottKernels(benchmark::State& state) {
 // operands (0: float through the BLAS; 1: bfloat16 on float copies; 2: bfloat16 on the CPU's bf16
 // dot products)}, on ExecSpace's threads (the BLAS set to as many).
 template <class ExecSpace>
-void BM_Gemm(benchmark::State& state) {
-  const int m = int(state.range(0)), n = int(state.range(1)), k = int(state.range(2));
-  const char* trans_a = state.range(3) == 2 ? "T" : "N";
-  const char* trans_b = state.range(3) == 1 ? "T" : "N";
-  const int operands = int(state.range(4));
+void run_gemm(benchmark::State& state, int m, int n, int k, int transposes, int operands) {
+  const char* trans_a = transposes == 2 ? "T" : "N";
+  const char* trans_b = transposes == 1 ? "T" : "N";
   if (operands == 2 && !longattn::bf16_dot_products_available()) {
     state.SkipWithError("this CPU has no bf16 dot products (AVX512-BF16)");
     return;
@@ -112,6 +110,20 @@ void BM_Gemm(benchmark::State& state) {
   longattn::set_blas_threads(blas_threads > 0 ? blas_threads : Host().concurrency());
 }
 
+template <class ExecSpace>
+void BM_Gemm(benchmark::State& state) {
+  run_gemm<ExecSpace>(state, int(state.range(0)), int(state.range(1)), int(state.range(2)), int(state.range(3)),
+                      int(state.range(4)));
+}
+
+// The calibration's table (perf_tests/write_calibration.py): NN products on all host threads over
+// a grid of shapes; Args: {m, n, k, precision (0: float; 1: bfloat16 as this process runs it, on
+// the bf16 dot products or on float copies)}.
+void BM_GemmGrid(benchmark::State& state) {
+  const int operands = state.range(3) == 0 ? 0 : longattn::bf16_dot_products_in_use() ? 2 : 1;
+  run_gemm<Host>(state, int(state.range(0)), int(state.range(1)), int(state.range(2)), 0, operands);
+}
+
 }  // namespace
 
 // Arg: FMA rounds per launch.
@@ -131,6 +143,10 @@ BENCHMARK_TEMPLATE(BM_Gemm, Host)
     ->ArgsProduct({{384}, {128}, {2048}, {2}, {0, 1, 2}})
     ->ArgsProduct({{2048}, {128}, {384}, {0}, {0, 1, 2}})
     ->ArgsProduct({{2048}, {512}, {128}, {1}, {0, 1, 2}})
+    ->UseRealTime()->Unit(benchmark::kMillisecond);
+
+BENCHMARK(BM_GemmGrid)
+    ->ArgsProduct({{256, 1024, 4096, 16384}, {64, 256, 1024}, {64, 256, 1024}, {0, 1}})
     ->UseRealTime()->Unit(benchmark::kMillisecond);
 
 int main(int argc, char* argv[]) {

@@ -11,11 +11,18 @@ the trainer's JSON carries (apps/train/include/longattn/train/prediction.hpp). P
 its worst category, then the worst miss per category and of the whole. Exit status 1 when a
 case's whole misses by more than --tolerance (the issue's target: 10%).
 
+With --calibration (perf_tests/write_calibration.py's JSON, written on this machine just before)
+it also compares the planner's compute time per step (matrix products at the calibration's
+efficiency for their shapes, attention at its kind's) with the second step's measured time less
+the communication the trainer measured.
+
     plan_check.py build/test/apps/train/longattn-train [--seed S] [--cases 40] [--tolerance 0.10]
+                  [--calibration calibration.json]
 
 Without --seed a fresh one is drawn and printed: `--seed S --cases N` repeats any run.
 """
 import argparse
+import json
 import random
 import sys
 
@@ -67,7 +74,8 @@ def draw_case(rng):
         heads = rng.choice([h for h in [1, 2, 4, 8] if embed % h == 0 and embed // h <= 128])
         context = rng.choice([128, 256, 512, 1024, 2048])
         tp = rng.choice([t for t in [1, 2, 4] if ranks % t == 0 and heads % t == 0])
-        cp = rng.choice([c for c in [1, 2, 4] if (ranks // tp) % c == 0])
+        # A context-parallel rank holds whole 64-token blocks: 2 cp of them (zigzag) at least.
+        cp = rng.choice([c for c in [1, 2, 4] if (ranks // tp) % c == 0 and context % (2 * c * 64) == 0])
         dp = ranks // (tp * cp)
         attention = draw_attention(rng, context, heads, cp)
         if tp > 1 and attention.startswith("dilated"):
@@ -108,7 +116,14 @@ def main():
     parser.add_argument("--seed", type=int, help="the generator's seed (default: a fresh one, printed)")
     parser.add_argument("--cases", type=int, default=40)
     parser.add_argument("--tolerance", type=float, default=0.10, help="largest whole miss that passes")
+    parser.add_argument("--calibration", help="write_calibration.py's JSON: compare compute time too")
     options = parser.parse_args()
+    timed, peak = [], 1
+    if options.calibration:
+        with open(options.calibration) as f:
+            peak = json.load(f)["fp32_fma_peak_gflops"]
+        timed = ["--calibration", options.calibration]
+    times = []
     seed = options.seed if options.seed is not None else random.SystemRandom().randrange(1 << 31)
     print(f"plan_check.py --seed {seed} --cases {options.cases}", flush=True)
     rng = random.Random(seed)
@@ -116,7 +131,7 @@ def main():
     misses = []
     for case in range(1, options.cases + 1):
         ranks, args = draw_case(rng)
-        j = run_training(options.program, ranks, ["--steps", "2"] + args, "plan_check.py")
+        j = run_training(options.program, ranks, ["--steps", "2"] + args + timed, "plan_check.py", peak_gflops=peak)
         predicted, measured = j["predicted_memory"], j["summary"]["memory_by_category"]
         whole = j["summary"]["memory_bytes"] / j["predicted_memory_bytes"]
         misses.append(abs(whole - 1))
@@ -135,10 +150,18 @@ def main():
               f"          whole {j['summary']['memory_bytes'] / MIB:.2f} MiB measured / "
               f"{j['predicted_memory_bytes'] / MIB:.2f} predicted = {whole:.3f}; by category (MiB, measured/"
               f"predicted): {', '.join(parts)}", flush=True)
+        if timed:
+            p_time, m_time = j["predicted_compute_seconds"], j["summary"]["steady_compute_seconds"]
+            times.append(m_time / p_time)
+            print(f"          compute {m_time:.3f} s measured / {p_time:.3f} s predicted = {m_time / p_time:.2f} "
+                  f"(communication {100 * j['summary']['steady_communication_share']:.0f}% of the step)", flush=True)
     print("\nworst miss per category (measured / predicted, case):")
     for name, (ratio, case) in worst.items():
         if case is not None:
             print(f"  {name:22s} {ratio:6.3f}  (case {case})")
+    if times:
+        within = sum(abs(t - 1) <= 0.25 for t in times)
+        print(f"  compute time           {min(times):.2f}-{max(times):.2f}; {within} of {len(times)} within 25%")
     within5 = sum(m <= 0.05 for m in misses)
     print(f"whole: {len(misses) - sum(m > options.tolerance for m in misses)} of {len(misses)} cases within "
           f"{100 * options.tolerance:.0f}%, {within5} within 5%; seed {seed}")

@@ -1,7 +1,13 @@
 #!/usr/bin/env python3
 """Writes the kernel efficiencies longattn-plan reads with --calibration: the fraction of the
 machine's measured peak that the matmul (sgemm through Kokkos Kernels) and the fused attention
-kernels (dense, dilated, block-sparse; forward + backward) reach on this machine.
+kernels (dense, dilated, block-sparse; forward + backward) reach on this machine, and a table of
+matrix-product efficiencies by shape (m in 256-16384 rows, n and k in 64-1024; float, and
+bfloat16 as this machine runs it: longattn_bench_ceilings' BM_GemmGrid), from which the
+planner takes each of a model's products at the measured shape nearest to its own. The table is
+measured on one core, as a fraction of one core's peak: what each of longattn-train's ranks of
+one thread reaches (with several threads per process, Kokkos' spinning OpenMP threads and
+OpenBLAS' own share the cores, and the small 16-bit products measured 10-50x slower).
 
     perf_tests/write_calibration.py BUILD_DIR OUT.json
 
@@ -53,7 +59,20 @@ def main():
         if not 0 < value <= 1:
             sys.exit(f"write_calibration.py: {name} reached {value:.3f} of the measured peak ({peak:.1f} GFLOP/s); "
                      "the peak probe underestimates this machine, re-run on a quiet machine")
-    efficiency["fp32_fma_peak_gflops"] = peak  # what the fractions divide by (plan_vs_train.py reads it)
+    ceilings_bench = os.path.join(build, "perf_tests/longattn_bench_ceilings")
+    run = subprocess.run([ceilings_bench, "--benchmark_filter=^BM_GemmGrid/", "--benchmark_format=json",
+                          "--benchmark_min_time=0.2"], check=True, capture_output=True, text=True,
+                         env=dict(env, OMP_NUM_THREADS="1"))
+    core_peak = ceilings["fp32_fma_peak_one_core"]["gflops"]
+    shapes = {"fp32": [], "16bit": []}
+    for b in json.loads(run.stdout)["benchmarks"]:
+        m, n, k, precision = (int(x) for x in b["name"].split("/")[1:5])
+        fraction = b["FLOP/s"] / 1e9 / core_peak
+        if not 0 < fraction <= 1:
+            sys.exit(f"write_calibration.py: {b['name']} reached {fraction:.3f} of the measured peak; re-run on a quiet machine")
+        shapes["16bit" if precision else "fp32"].append([m, n, k, round(fraction, 4)])
+    efficiency["matmul_shapes"] = shapes
+    efficiency["fp32_fma_peak_gflops"] = peak  # what the fractions divide by (plan_check.py reads it)
     efficiency["source"] = (f"measured {datetime.date.today()}, {ceilings['cores']} cores, "
                             f"FP32 FMA peak {peak:.1f} GFLOP/s; " + ", ".join(f"{k}: {v}" for k, v in BENCHMARKS.items()))
     with open(out_path, "w") as f:

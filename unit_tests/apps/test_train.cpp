@@ -625,7 +625,7 @@ TEST_CASE("a run carries longattn-plan's memory and compute-time prediction for 
   c.micro_batch = world.size() <= 2 ? 2 : 1;
   c.zero = world.size() > 1 ? 1 : 0;
   c.peak_gflops = 100;  // all ranks' cores: each rank a "device" of 100 / ranks
-  c.efficiency = {0.5, 0.25, 0.3, 0.35, "test"};
+  c.efficiency = {0.5, 0.25, 0.3, 0.35, "test", {}, {}};
   c.memory_limit_mib = 4096;  // a pool of the run's own
   const TrainResult r = run_training(c, world, nullptr);
   plan::Plan p;
@@ -650,7 +650,7 @@ TEST_CASE("a run carries longattn-plan's memory and compute-time prediction for 
   p.layout.zero_stage = c.zero;
   p.layout.micro_batch = c.micro_batch;
   p.cluster.gpu.peak_flops_tf32 = p.cluster.gpu.peak_flops_16bit = 100e9 / world.size();
-  p.efficiency = {0.5, 0.25, 0.3, 0.35, "test"};
+  p.efficiency = {0.5, 0.25, 0.3, 0.35, "test", {}, {}};
   const plan::Estimate expected = plan::estimate(p);
   // compute = hardware FLOPs / (all the ranks' peak x efficiency): matmul at 0.5, dense attention at 0.25
   CHECK(r.predicted_compute_seconds == Approx(time_term(expected, "compute")).epsilon(1e-12));

@@ -256,42 +256,64 @@ Estimate estimate(const Plan& plan, const AttentionWork& work) {
   e.memory.push_back({"transient copies", std::max(head_major, gemm_copies),
                       "the larger of the attention's head-major copies (" + number(head_major) +
                           " B) and a 16-bit matrix product's operand copies (" + number(gemm_copies) + " B)"});
-  const double phase_excess = std::max(head_major, gemm_copies) + attention_workspace -
-                              std::max(attention_workspace + head_major, gemm_copies);
+  // A layer's backward holds its attention's workspaces and head-major copies, or a product's copies.
+  const double layer_phase = std::max(attention_workspace + head_major, gemm_copies);
 
-  double buffers = 0;
+  // Communication buffers while a layer's backward runs, and as backward ends (after the
+  // optimizer's step under ZeRO 1 and 2: the parameters all-gathered one tensor at a time).
+  double during = 0, end = 0;
   std::string buffer_formula;
-  const auto add_buffer = [&](double bytes, const std::string& what) {
-    buffers += bytes;
+  const auto add_buffer = [&](double during_bytes, double end_bytes, const std::string& what) {
+    during += during_bytes;
+    end += end_bytes;
     buffer_formula += (buffer_formula.empty() ? "" : " + ") + what;
   };
-  if (c > 1 && !dilated) add_buffer(rows * (h / t) * (4 * element + 8), "ring: K/V pieces in flight and a dK/dV piece");
+  if (c > 1 && !dilated)  // 16-bit: a step's part of dK, dV in the model's type too
+    add_buffer(rows * (h / t) * (4 * element + 8 + (element < 4 ? 2 * element : 0)), 0,
+               "ring: K/V pieces in flight and a dK/dV piece");
   if (c > 1 && dilated) {
     double largest = 0;
     for (const auto& level : work.dilated_levels) {
       const double segment = std::min(level.segment, s);
       if (segment > s_local) largest = std::max(largest, 2 * segment / level.rate * b * (level.heads / t) * D * (element + 4));
     }
-    if (largest > 0) add_buffer(largest, "gathered dilated K/V of a spanning segment and their fp32 gradients");
+    if (largest > 0) add_buffer(largest, 0, "gathered dilated K/V of a spanning segment and their fp32 gradients");
   }
-  if (t > 1 && sp) add_buffer(4 * rows * h * element, "sequence parallelism: gathered s b h and its staging, twice");
+  if (t > 1 && sp) add_buffer(4 * rows * h * element, 0, "sequence parallelism: gathered s b h and its staging, twice");
   // The data-parallel reduction. longattn's buckets (ZeRO 0 and 1) hold a copy of every gradient
-  // in the reduction's type; ZeRO 2 reduce-scatters them and receives 1/(dp x cp) of them; ZeRO 3
-  // streams 2 buckets of 25 MiB.
+  // in the reduction's type for the whole step; ZeRO 2 reduce-scatters them bucket by bucket from
+  // the head's gradients on (2 buckets of 25 MiB in flight while layers run, or all the
+  // gradients if fewer) and holds them all, with the 1/(dp x cp) piece received, as backward
+  // ends; ZeRO 3 streams 2 buckets of 25 MiB.
   const double reduce_bytes = training.fp32_gradient_reduce ? 4 : element;
-  if (n_dp > 1 && layout.zero_stage <= 1)
-    add_buffer(e.parameters_per_gpu * reduce_bytes, "a bucket copy of every gradient");
-  if (n_dp > 1 && layout.zero_stage == 2)
-    add_buffer(e.parameters_per_gpu * reduce_bytes * (1 + 1 / n_dp), "the gradients reduce-scattered and the piece received");
-  if (layout.zero_stage >= 3 && n_dp > 1) {
-    add_buffer(std::min(2 * bucket_bytes, e.parameters_per_gpu * reduce_bytes), "2 gradient buckets of 25 MiB");
-    add_buffer(2 * per_layer / t * element, "ZeRO-3: 2 layers' gathered parameters");
+  if (n_dp > 1 && layout.zero_stage <= 1) {
+    const double copy = e.parameters_per_gpu * reduce_bytes;
+    add_buffer(copy, copy, "a bucket copy of every gradient");
   }
-  e.memory.push_back({"communication buffers", buffers, buffer_formula.empty() ? "none (one GPU per replica)" : buffer_formula});
+  if (n_dp > 1 && layout.zero_stage == 2) {
+    const double all = e.parameters_per_gpu * reduce_bytes;
+    add_buffer(std::min(all, 2 * bucket_bytes), all * (1 + 1 / n_dp), "the gradients reduce-scattered with the piece received");
+  }
+  if (n_dp > 1 && (layout.zero_stage == 1 || layout.zero_stage == 2)) {
+    // After the step, beside ZeRO 1's buckets; ZeRO 2's are given back by then.
+    const double largest_tensor = std::max({f * h / t, 3 * h * h / t, V * h / vocab_split,
+                                            model.positions == Positions::learned ? s * h : 0.0});
+    const double gathered = largest_tensor * element * (1 + 1 / n_dp);
+    buffer_formula += std::string(buffer_formula.empty() ? "" : " + ") + "the largest parameter tensor all-gathered";
+    end = layout.zero_stage == 1 ? end + gathered : std::max(end, gathered);
+  }
+  if (layout.zero_stage >= 3 && n_dp > 1) {
+    const double streamed = std::min(2 * bucket_bytes, e.parameters_per_gpu * reduce_bytes) + 2 * per_layer / t * element;
+    add_buffer(streamed, streamed, "2 gradient buckets of 25 MiB and ZeRO-3's 2 layers' gathered parameters");
+  }
+  e.memory.push_back({"communication buffers", std::max(during, end),
+                      buffer_formula.empty() ? "none (one GPU per replica)"
+                                             : "the larger of a layer's backward's and backward's end's: " + buffer_formula});
 
-  // The whole: every category's high-water, less what the two backward phases never hold at once.
-  for (const Term& term : e.memory) e.memory_total += term.value;
-  e.memory_total -= phase_excess;
+  // The whole: the model's state and the activations, and the larger of the two moments: a
+  // layer's backward (every workspace, the layer's copies) and backward's end (its buffers).
+  e.memory_total = states.total() + gradient_group + activations +
+                   std::max(pass_buffers + layer_phase + during, backward_buffer_bytes(shape) + end);
   e.memory_usable = cluster.gpu.memory_bytes * (1 - cluster.memory_reserve);
   e.fits = e.memory_total <= e.memory_usable;
 
@@ -316,13 +338,32 @@ Estimate estimate(const Plan& plan, const AttentionWork& work) {
 
   // ---- Time per step ------------------------------------------------------------------------
   const double e_attention = attention_efficiency(plan.efficiency, work.kind);
-  const double compute = tokens_per_step * (dense_hw / plan.efficiency.matmul + attention_hw / e_attention) / (gpus * peak);
+  // The matrix products of one micro-batch on a rank of a stage, each at the efficiency of its
+  // shape: a linear layer's forward (rows x O x I), dW (O x I x rows) and dx (rows x I x O), the
+  // forward again under full recomputation. Tensor-parallel layers see all rows (gathered under
+  // sequence parallelism); the head the replicated ones, or all of them split over V, its time
+  // spread over the stages as the FLOP counts [Narayanan21] spread it.
+  const Efficiency& efficiency = plan.efficiency;
+  const bool sixteen_bit = training.precision != Precision::fp32;
+  double products_seconds = 0;
+  const auto linear = [&](double R, double I, double O, double count, bool recomputed) {
+    const auto seconds = [&](double m, double n, double k) {
+      return 2 * m * n * k / (peak * efficiency.matmul_at(m, n, k, sixteen_bit));
+    };
+    products_seconds += count * (seconds(R, O, I) * (recomputed ? 2 : 1) + seconds(O, I, R) + seconds(R, I, O));
+  };
+  for (const auto& [I, O] : {std::pair<double, double>{h, 3 * h / t}, {h / t, h}, {h, f / t}, {f / t, h}})
+    linear(rows, I, O, L / p, full);
+  linear(layout.vocab_parallel ? rows : head_rows, h, V / vocab_split, 1 / p, false);
+  const double compute = micro_batches * products_seconds + tokens_per_step * attention_hw / (gpus * peak * e_attention);
   const double per_micro_batch = compute / micro_batches;
   const double forward_share = (2 * e.parameters + attention_forward) / (dense_hw + attention_hw);
   const double forward_mb = per_micro_batch * forward_share, backward_mb = per_micro_batch - forward_mb;
   e.time.push_back({"compute", compute,
-                    "hardware FLOPs / (GPUs x peak x efficiency: matmul " + number(plan.efficiency.matmul) +
-                        ", attention " + number(e_attention) + ")"});
+                    "micro-batches x the matrix products' FLOPs / (peak x efficiency: " +
+                        (efficiency.matmul_fp32.empty() ? "matmul " + number(efficiency.matmul)
+                                                        : std::string("by shape, measured")) +
+                        ") + attention FLOPs / (GPUs x peak x " + number(e_attention) + ")"});
   e.time.push_back({"pipeline bubble", pipeline_bubble_fraction(p, micro_batches) * compute,
                     "(pp - 1) / micro-batches x compute, micro-batches = " + number(micro_batches) + "  [Narayanan21]"});
 

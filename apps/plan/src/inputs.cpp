@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdint>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -129,7 +130,7 @@ void validate_layout(const Plan& plan) {
 }
 
 Efficiency uniform_efficiency(double mfu) {
-  Efficiency e{mfu, mfu, mfu, mfu, "--mfu"};
+  Efficiency e{mfu, mfu, mfu, mfu, "--mfu", {}, {}};
   require_fraction(mfu, "mfu");
   return e;
 }
@@ -156,8 +157,37 @@ Efficiency read_calibration(const std::string& path) {
   e.attention_dense = number(attention, "dense", "attention.dense");
   e.attention_dilated = number(attention, "dilated", "attention.dilated");
   e.attention_block_sparse = number(attention, "block_sparse", "attention.block_sparse");
+  if (j.contains("matmul_shapes")) {
+    const nlohmann::json& shapes = j["matmul_shapes"];
+    for (const auto& [key, table] : {std::pair<const char*, std::vector<Efficiency::Product>*>{"fp32", &e.matmul_fp32},
+                                     {"16bit", &e.matmul_16bit}}) {
+      const std::string name = std::string("matmul_shapes.") + key;
+      require(shapes.is_object() && shapes.contains(key) && shapes[key].is_array(), where, "calibration",
+              """ + path + """, "an array at \"" + name + "\"");
+      for (const nlohmann::json& row : shapes[key]) {
+        require(row.is_array() && row.size() == 4 && row[0].is_number() && row[1].is_number() && row[2].is_number(),
+                where, "calibration " + name, row.dump(), "[m, n, k, efficiency] with sizes >= 1");
+        const double m = row[0].get<double>(), n = row[1].get<double>(), k = row[2].get<double>();
+        require(m >= 1 && n >= 1 && k >= 1, where, "calibration " + name, row.dump(), "[m, n, k, efficiency] with sizes >= 1");
+        table->push_back({m, n, k, number(nlohmann::json{{"e", row[3]}}, "e", name + " efficiency")});
+      }
+    }
+  }
   e.source = path + (j.contains("source") && j["source"].is_string() ? " (" + j["source"].get<std::string>() + ")" : "");
   return e;
+}
+
+double Efficiency::matmul_at(double m, double n, double k, bool sixteen_bit) const {
+  const std::vector<Product>& table = sixteen_bit ? matmul_16bit : matmul_fp32;
+  double best = matmul, distance = std::numeric_limits<double>::infinity();
+  for (const Product& p : table) {
+    const double d = std::pow(std::log(m / p.m), 2) + std::pow(std::log(n / p.n), 2) + std::pow(std::log(k / p.k), 2);
+    if (d < distance) {
+      distance = d;
+      best = p.efficiency;
+    }
+  }
+  return best;
 }
 
 const char* to_string(Positions value) { return value == Positions::rotary ? "rotary" : "learned"; }

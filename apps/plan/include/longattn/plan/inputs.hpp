@@ -97,11 +97,19 @@ struct Layout {
 // Fraction of the GPU's peak that the kernels reach while computing (exposed communication and
 // the pipeline bubble are added separately): measured (perf_tests/write_calibration.py) or given.
 struct Efficiency {
-  double matmul = 0.45;
+  // A matrix product C [m, n] = A [m, k] B [k, n] as measured (perf_tests/write_calibration.py).
+  struct Product {
+    double m, n, k, efficiency;
+  };
+  double matmul = 0.45;  // every product's, where no table is given
   double attention_dense = 0.45;
   double attention_dilated = 0.45;
   double attention_block_sparse = 0.45;
   std::string source = "assumed (no --mfu or --calibration given)";
+  // Products by shape, in fp32 and in 16 bits (what 16-bit training runs): the efficiency of
+  // the measured shape nearest to a product's (log-distance over m, n, k). Empty: `matmul`.
+  std::vector<Product> matmul_fp32, matmul_16bit;
+  double matmul_at(double m, double n, double k, bool sixteen_bit) const;
 };
 
 struct Plan {
@@ -118,8 +126,8 @@ void validate_inputs(const Plan& plan);
 void validate_layout(const Plan& plan);
 
 // Reads a calibration JSON ({"matmul": e, "attention": {"dense": e, "dilated": e,
-// "block_sparse": e}, "source": "..."}); throws Error on a missing file, field or a value
-// outside [0.001, 1].
+// "block_sparse": e}, "source": "...", optionally "matmul_shapes": {"fp32": [[m, n, k, e], ...],
+// "16bit": [...]}}); throws Error on a missing file or field, or an efficiency outside (0, 1].
 Efficiency read_calibration(const std::string& path);
 Efficiency uniform_efficiency(double mfu);
 
