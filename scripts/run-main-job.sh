@@ -6,13 +6,17 @@
 # summary goes to build/release/longattn-train.json.
 #
 #   scripts/run-main-job.sh [ranks (default 2)] [longattn-train options...]
+#   scripts/run-main-job.sh --steps 3          (options alone: 2 ranks)
 #
 # The machine report of earlier versions is build/release/apps/info/longattn-info.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-ranks=${1:-2}
-[ $# -gt 0 ] && shift
-[[ "$ranks" =~ ^[1-9][0-9]*$ ]] || { echo "run-main-job.sh: ranks must be a positive integer, got '$ranks'" >&2; exit 2; }
+ranks=2
+if [ $# -gt 0 ] && [[ "$1" != -* ]]; then  # a rank count first
+  [[ "$1" =~ ^[1-9][0-9]*$ ]] || { echo "run-main-job.sh: the first argument is a rank count (a positive integer) or a longattn-train option, got '$1'" >&2; exit 2; }
+  ranks=$1
+  shift
+fi
 
 build="$root/build/release"
 "$root/scripts/build.sh" "$build" -DLONGATTN_ENABLE_TESTS=OFF -DLONGATTN_ENABLE_BENCHMARKS=OFF

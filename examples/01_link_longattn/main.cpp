@@ -4,10 +4,7 @@
 #include <cmath>
 #include <cstdio>
 
-#include "longattn/core/blas.hpp"
-#include "longattn/core/build_info.hpp"
-#include "longattn/core/gemm.hpp"
-#include "longattn/core/runtime.hpp"
+#include "longattn/longattn.hpp"  // everything longattn::core offers
 
 int main(int argc, char* argv[]) {
   longattn::ScopeGuard guard(argc, argv);  // Kokkos up; the process's BLAS left as it is

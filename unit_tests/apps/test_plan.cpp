@@ -313,6 +313,21 @@ TEST_CASE("calibration files: read, and refused when a value is missing or not a
   CHECK_THROWS_WITH(read_calibration(path), Contains("argument 'calibration attention.dense' is 1.7"));
   std::ofstream(path) << R"({"matmul": 0.6})";
   CHECK_THROWS_WITH(read_calibration(path), Contains("a number at \"attention.dense\""));
+  // A table of products by shape: each product takes the nearest measured shape's efficiency.
+  const std::string attention = R"("matmul": 0.6, "attention": {"dense": 0.5, "dilated": 0.4, "block_sparse": 0.3})";
+  std::ofstream(path) << "{" << attention
+                      << R"(, "matmul_shapes": {"fp32": [[256, 64, 64, 0.2], [4096, 1024, 1024, 0.8]], "16bit": [[256, 64, 64, 0.1]]}})";
+  const Efficiency shaped = read_calibration(path);
+  CHECK(shaped.matmul_at(300, 70, 60, false) == 0.2);
+  CHECK(shaped.matmul_at(8192, 2048, 512, false) == 0.8);
+  CHECK(shaped.matmul_at(8192, 2048, 512, true) == 0.1);
+  CHECK(e.matmul_at(8192, 2048, 512, true) == 0.6);  // no table: the one matmul efficiency
+  std::ofstream(path) << "{" << attention << R"(, "matmul_shapes": {"fp32": [[256, 64, 0.2]], "16bit": []}})";
+  CHECK_THROWS_WITH(read_calibration(path), Contains("expected [m, n, k, efficiency] with sizes >= 1"));
+  std::ofstream(path) << "{" << attention << R"(, "matmul_shapes": {"fp32": [[256, 64, 64, 1.5]], "16bit": []}})";
+  CHECK_THROWS_WITH(read_calibration(path), Contains("matmul_shapes.fp32 efficiency' is 1.5"));
+  std::ofstream(path) << "{" << attention << R"(, "matmul_shapes": {"fp32": []}})";
+  CHECK_THROWS_WITH(read_calibration(path), Contains("an array at \"matmul_shapes.16bit\""));
   std::remove(path.c_str());
   CHECK_THROWS_WITH(read_calibration(path), Contains("a readable JSON file"));
 }

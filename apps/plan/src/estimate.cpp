@@ -231,7 +231,7 @@ Estimate estimate(const Plan& plan, const AttentionWork& work) {
                                (training.recompute == Recompute::selective ? outputs : 0);
   std::string workspace_formula = "s b (3 h + f / t): backward's gradient buffers";
   if (full) workspace_formula += " + the recomputed layer";
-  workspace_formula += " + the attention backward's s b (5 h / t fp32 and 16-bit) and Delta";
+  workspace_formula += " + the attention backward's gradient buffers (5 s b h / t), fp32 dQ sum and Delta";
   if (training.recompute == Recompute::selective) workspace_formula += " + its recomputed outputs";
   if (dilated && work.dilated_levels.size() > 1) {
     attention_workspace += rows * ((h / t) * element + 4 * (a / t));
@@ -361,8 +361,9 @@ Estimate estimate(const Plan& plan, const AttentionWork& work) {
   const double forward_mb = per_micro_batch * forward_share, backward_mb = per_micro_batch - forward_mb;
   e.time.push_back({"compute", compute,
                     "micro-batches x the matrix products' FLOPs / (peak x efficiency: " +
-                        (efficiency.matmul_fp32.empty() ? "matmul " + number(efficiency.matmul)
-                                                        : std::string("by shape, measured")) +
+                        ((sixteen_bit ? efficiency.matmul_16bit : efficiency.matmul_fp32).empty()
+                             ? "matmul " + number(efficiency.matmul)
+                             : std::string("each product's shape's, measured")) +
                         ") + attention FLOPs / (GPUs x peak x " + number(e_attention) + ")"});
   e.time.push_back({"pipeline bubble", pipeline_bubble_fraction(p, micro_batches) * compute,
                     "(pp - 1) / micro-batches x compute, micro-batches = " + number(micro_batches) + "  [Narayanan21]"});

@@ -6,9 +6,11 @@
 //     ...
 //   }
 //
-// It initializes Kokkos (passing --kokkos-* arguments on) unless the program already did, and
-// finalizes Kokkos at scope exit if it initialized it. It changes nothing else in the process
-// unless asked through RuntimeOptions.
+// It initializes Kokkos (passing --kokkos-* arguments on; the program's --help and -h stay the
+// program's) unless the program already did, and finalizes Kokkos at scope exit if it
+// initialized it. Where neither OMP_PROC_BIND nor OMP_PLACES is set it sets OMP_PROC_BIND=false,
+// what OpenMP does without them (unbound threads), so that Kokkos does not warn on every run.
+// It changes nothing else in the process unless asked through RuntimeOptions.
 namespace longattn {
 
 struct RuntimeOptions {
