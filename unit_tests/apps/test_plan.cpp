@@ -297,6 +297,8 @@ TEST_CASE("bad input is refused with what is valid", "[plan][errors]") {
   fails([](Plan& p) { p.efficiency.matmul = 1.5; }, "argument 'efficiency.matmul' is 1.5, expected a fraction in [0.001, 1]");
   fails([](Plan& p) { p.cluster.comm_efficiency = 1e-300; },
         "argument 'comm-efficiency' is 1e-300, expected a fraction in [0.001, 1]");  // found by fuzz_plan
+  fails([](Plan& p) { p.cluster.gpu.peak_flops_16bit = 1e-300; },  // found by fuzz_plan: an infinite step, NaN bubble
+        "argument 'gpu-peak-tflops' is 1e-300, expected a finite rate of at least 1e6 FLOP/s");
   fails([](Plan& p) { p.model.attention = "sparse"; }, "dense, auto, dilated:w=");
   CHECK_THROWS_WITH(gpu_by_name("v100"), Contains("argument 'gpu' is \"v100\", expected one of h100, h200, a100"));
   CHECK_THROWS_WITH(uniform_efficiency(0), Contains("argument 'mfu' is 0"));

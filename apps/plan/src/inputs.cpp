@@ -40,6 +40,10 @@ const char* where = "longattn-plan";
 void require_positive(double value, const char* name) {
   require(value > 0 && std::isfinite(value), where, name, value, "a positive finite number");
 }
+// A rate below `least` is no device: times become infinite, and a bubble of 0 times them NaN.
+void require_rate(double value, double least, const char* name, const char* expected) {
+  require(value >= least && std::isfinite(value), where, name, value, expected);
+}
 void require_fraction(double value, const char* name) {
   // Below 0.1% a rate is no estimate: times become infinite (and a price of 0 times them NaN).
   require(value >= 1e-3 && value <= 1, where, name, value, "a fraction in [0.001, 1]");
@@ -76,11 +80,11 @@ void validate_inputs(const Plan& plan) {
 
   const ClusterConfig& c = plan.cluster;
   require_count(c.gpus, 24, "gpus");
-  require_positive(c.gpu.peak_flops_16bit, "gpu-peak-tflops");
-  require_positive(c.gpu.peak_flops_tf32, "gpu-peak-tf32-tflops");
+  require_rate(c.gpu.peak_flops_16bit, 1e6, "gpu-peak-tflops", "a finite rate of at least 1e6 FLOP/s");
+  require_rate(c.gpu.peak_flops_tf32, 1e6, "gpu-peak-tf32-tflops", "a finite rate of at least 1e6 FLOP/s");
   require_positive(c.gpu.memory_bytes, "gpu-memory-gb");
-  require_positive(c.gpu.nvlink_bandwidth, "nvlink-gbps");
-  require_positive(c.gpu.network_bandwidth, "network-gbps");
+  require_rate(c.gpu.nvlink_bandwidth, 1e3, "nvlink-gbps", "a finite rate of at least 1e3 bytes/s");
+  require_rate(c.gpu.network_bandwidth, 1e3, "network-gbps", "a finite rate of at least 1e3 bytes/s");
   require_count(c.gpu.gpus_per_node, 10, "gpus-per-node");
   require(c.price_per_gpu_hour >= 0, where, "price", c.price_per_gpu_hour, "a price >= 0 per GPU-hour");
   require_fraction(c.comm_efficiency, "comm-efficiency");
