@@ -4,7 +4,7 @@
 #   scripts/install-deps.sh [--cuda] [--jobs N]
 #
 # 1. Debian packages (apt-get): compilers, CMake, Open MPI, hwloc, OpenBLAS, Google Benchmark,
-#    Catch2, CLI11, nlohmann-json. Skipped when all are installed already.
+#    Catch2, CLI11, nlohmann-json, python3-dev and python3-venv. Skipped when all are installed.
 # 2. Kokkos 3.4.01 and Kokkos Kernels 3.4.01 from Debian's trilinos 13.2.0 source package
 #    (`apt-get source`), Kokkos with scripts/patches/kokkos-3.4.01-cuda13-hopper.patch.
 #      host (default): Kokkos OpenMP + Serial, Release, the host's vector ISA;
@@ -36,6 +36,7 @@ debian_packages=(
   libhwloc-dev
   libopenblas-dev
   libbenchmark-dev catch2 libcli11-dev nlohmann-json3-dev
+  python3-dev python3-venv
 )
 
 log() { echo "[install-deps] $*" >&2; }
