@@ -166,7 +166,12 @@ int main(int argc, char** argv) {
         std::cout << "; longattn-plan predicted " << result.predicted_compute_seconds << " s of compute ("
                   << c.efficiency.source << "; measured / predicted " << std::setprecision(2)
                   << compute / result.predicted_compute_seconds << ")";
-      std::cout << "\n";
+      std::cout << "\nphases    seconds over all steps (Kokkos Tools regions \"longattn-train: <phase>\"):";
+      for (int p = 0; p < longattn::train::phase_count; ++p) {
+        const char* name = to_string(longattn::train::Phase(p));
+        std::cout << " " << name << " " << std::setprecision(3) << summary["phase_seconds"][name].get<double>() << ";";
+      }
+      std::cout << std::endl;  // before Kokkos::finalize, where Kokkos Tools print their reports
     }
   } catch (const longattn::Error& error) {
     if (root) std::cerr << "error: " << error.what() << "\n";

@@ -693,6 +693,40 @@ TEST_CASE("a run carries longattn-plan's memory and compute-time prediction for 
   }
 }
 
+TEST_CASE("a step's phases are timed, inside its time; evaluation and checkpoints apart", "[train][phases]") {
+  const auto world = test::throwing_world();
+  TrainConfig c = tiny_config();
+  c.steps = 3;
+  c.micro_batch = 2 / world.size();  // two micro-batches a step (batch 4 over 1 or 2 ranks)
+  const TrainResult r = run_training(c, world, nullptr);
+  REQUIRE(r.steps.size() == 3);
+  for (const StepRecord& s : r.steps) {
+    INFO("step " << s.step);
+    const auto at = [&](Phase p) { return s.phase_seconds[std::size_t(p)]; };
+    CHECK(at(Phase::forward) > 0);
+    CHECK(at(Phase::backward) > 0);
+    CHECK(at(Phase::optimizer) > 0);
+    CHECK(at(Phase::gradient_reduction) >= 0);
+    // Each phase is the slowest rank's, as the step's time is: each within the step's; on one
+    // rank their sum too (over ranks, the slowest in each phase may be different ranks).
+    const double sum = at(Phase::forward) + at(Phase::backward) + at(Phase::gradient_reduction) + at(Phase::optimizer);
+    for (const Phase p : {Phase::forward, Phase::backward, Phase::gradient_reduction, Phase::optimizer})
+      CHECK(at(p) <= s.seconds);
+    if (world.size() == 1) CHECK(sum <= s.seconds);
+    CHECK(at(Phase::checkpoint) == 0);  // no --checkpoint
+    CHECK((at(Phase::evaluation) > 0) == (s.step == 3));  // validation after the last step only
+  }
+  const nlohmann::json j = r.to_json(c);
+  for (int p = 0; p < phase_count; ++p) {
+    const char* name = to_string(Phase(p));
+    INFO(name);
+    double sum = 0;
+    for (const StepRecord& s : r.steps) sum += s.phase_seconds[std::size_t(p)];
+    CHECK(j["summary"]["phase_seconds"][name].get<double>() == Approx(sum));
+    CHECK(j["steps"][0]["phase_seconds"].contains(name));
+  }
+}
+
 // longattn-plan's memory against random (model, layout) pairs the trainer runs on this world's
 // ranks (perf_tests/plan_check.py draws 40 over 1-4 ranks): a fresh seed each run, printed;
 // LONGATTN_PLAN_SEED repeats one. Each case's whole high-water within 10% of the prediction.

@@ -1,6 +1,7 @@
 #include "longattn/train/trainer.hpp"
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <iomanip>
@@ -32,6 +33,30 @@ constexpr const char* program = "longattn-train";
 double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
+
+// One phase of a step (trainer.hpp, Phase): a Kokkos Tools region while it runs; its time, up to
+// a fence of the instance (kernels count in the phase that launched them), added to `seconds`.
+template <class Exec>
+class PhaseScope {
+ public:
+  PhaseScope(Phase phase, const Exec& exec, std::array<double, phase_count>& seconds)
+      : phase_(phase), exec_(exec), seconds_(seconds), start_(Clock::now()) {
+    Kokkos::Profiling::pushRegion(std::string(program) + ": " + to_string(phase));
+  }
+  ~PhaseScope() {
+    exec_.fence();
+    seconds_[std::size_t(phase_)] += seconds_since(start_);
+    Kokkos::Profiling::popRegion();
+  }
+  PhaseScope(const PhaseScope&) = delete;
+  PhaseScope& operator=(const PhaseScope&) = delete;
+
+ private:
+  Phase phase_;
+  Exec exec_;
+  std::array<double, phase_count>& seconds_;
+  Clock::time_point start_;
+};
 
 // What a checkpoint must agree on with the run that resumes it.
 nlohmann::json run_identity(const TrainConfig& c) {
@@ -198,6 +223,12 @@ Precision parse_precision(const std::string& text, const char* option) {
 
 const char* to_string(GradientReduce reduce) { return reduce == GradientReduce::fp32 ? "fp32" : "model"; }
 
+const char* to_string(Phase phase) {
+  static constexpr const char* names[phase_count] = {"forward",   "backward",   "gradient reduction",
+                                                     "optimizer", "checkpoint", "evaluation"};
+  return names[int(phase)];
+}
+
 GradientReduce parse_gradient_reduce(const std::string& text, const char* option) {
   for (const GradientReduce r : {GradientReduce::fp32, GradientReduce::model})
     if (text == to_string(r)) return r;
@@ -230,13 +261,21 @@ nlohmann::json TrainResult::to_json(const TrainConfig& c) const {
   j["peak_gflops"] = peak_gflops;
   j["first_step"] = first_step;
   j["steps"] = nlohmann::json::array();
+  const auto phase_json = [](const std::array<double, phase_count>& values) {
+    nlohmann::json phases = nlohmann::json::object();
+    for (int p = 0; p < phase_count; ++p) phases[to_string(Phase(p))] = values[std::size_t(p)];
+    return phases;
+  };
+  std::array<double, phase_count> phase_total{};
   double seconds = 0;
   for (const StepRecord& s : steps) {
     j["steps"].push_back({{"step", s.step}, {"loss", s.loss}, {"lr", s.lr}, {"gradient_norm", s.gradient_norm},
                           {"seconds", s.seconds}, {"tokens_per_second", s.tokens_per_second}, {"gflops", s.gflops},
                           {"peak_fraction", s.peak_fraction}, {"communication_share", s.communication_share},
-                          {"memory_bytes", s.memory_bytes}, {"loss_scale", s.loss_scale}, {"skipped", s.skipped}});
+                          {"memory_bytes", s.memory_bytes}, {"loss_scale", s.loss_scale}, {"skipped", s.skipped},
+                          {"phase_seconds", phase_json(s.phase_seconds)}});
     seconds += s.seconds;
+    for (int p = 0; p < phase_count; ++p) phase_total[std::size_t(p)] += s.phase_seconds[std::size_t(p)];
   }
   j["evals"] = nlohmann::json::array();
   for (const EvalRecord& e : evals) j["evals"].push_back({{"step", e.step}, {"loss", e.loss}});
@@ -265,6 +304,7 @@ nlohmann::json TrainResult::to_json(const TrainConfig& c) const {
                   {"steady_compute_seconds", steady_steps > 0 ? (steady_seconds - steady_comm) / steady_steps : 0.0},
                   {"memory_bytes", memory},
                   {"memory_by_category", memory_by_category_json()},
+                  {"phase_seconds", phase_json(phase_total)},  // every step's, summed
                   // the high-water mark beyond the model's state and the buckets: activations, workspaces
                   {"activation_bytes", memory > fixed ? memory - fixed : 0}};
   return j;
@@ -643,6 +683,8 @@ TrainResult train(const TrainConfig& config, const parallel::Communicator& world
   for (int step = first; step < last; ++step) {
     const Clock::time_point start = Clock::now();
     double communication = 0;
+    std::array<double, phase_count> phases{};
+    const auto phase = [&](Phase p) { return PhaseScope<Exec>(p, context.exec(), phases); };
     const std::mt19937_64 rng_at_step = train_rng;
     const HostBatch global = data->sample(Split::train, train_rng, config.batch);
     double local_loss = 0;
@@ -656,18 +698,27 @@ TrainResult train(const TrainConfig& config, const parallel::Communicator& world
         // up to the step's; the all-reduce starts as the last micro-batch's gradients become
         // final. Under ZeRO 2 every micro-batch's gradients are reduce-scattered and added into
         // the pieces (the model keeps none of them).
-        local_loss += model.forward(local.fill(global, m), global.weighted_tokens, loss_scale);
+        {
+          const auto timed = phase(Phase::forward);
+          local_loss += model.forward(local.fill(global, m), global.weighted_tokens, loss_scale);
+        }
         const bool last_micro = m + 1 == micro_batches;
         if (scatter) {
-          model.backward([&](int group) { scatter->ready(group, groups[std::size_t(group)].gradients); });
+          {
+            const auto timed = phase(Phase::backward);
+            model.backward([&](int group) { scatter->ready(group, groups[std::size_t(group)].gradients); });
+          }
+          const auto timed = phase(Phase::gradient_reduction);
           const Clock::time_point wait = Clock::now();
           scatter->wait();
           communication += seconds_since(wait);
         } else {
+          const auto timed = phase(Phase::backward);
           model.backward(buckets && last_micro ? std::function<void(int)>([&](int group) { buckets->ready(group); })
                                                : std::function<void(int)>());
         }
       }
+      const auto timed = phase(Phase::gradient_reduction);
       if (buckets) {
         const Clock::time_point wait = Clock::now();
         buckets->wait();
@@ -681,9 +732,13 @@ TrainResult train(const TrainConfig& config, const parallel::Communicator& world
     } catch (const Error& error) {
       stop_in_step(step, rng_at_step, error.what());
     }
-    const Clock::time_point reduce = Clock::now();
-    const double loss = global_sum(local_loss);
-    communication += seconds_since(reduce) + (ring ? ring->wait_seconds() : 0.0);
+    double loss = 0;
+    {
+      const auto timed = phase(Phase::gradient_reduction);
+      const Clock::time_point reduce = Clock::now();
+      loss = global_sum(local_loss);
+      communication += seconds_since(reduce) + (ring ? ring->wait_seconds() : 0.0);
+    }
     if (features) communication += features->seconds();  // the tp all-reduces inside forward and backward
     // Where a NaN or infinity came from: this rank's first non-finite tensor (collective: every
     // rank has the same loss, so all search and all stop).
@@ -703,11 +758,14 @@ TrainResult train(const TrainConfig& config, const parallel::Communicator& world
     r.step = step + 1;
     r.lr = learning_rate(config.optimizer, step, config.steps);
     r.loss_scale = loss_scale;
-    r.gradient_norm = optimizer.step(r.lr, loss_scale);  // every rank: the same all-reduced gradients
-    if (shards && std::isfinite(r.gradient_norm)) {
-      const Clock::time_point gather = Clock::now();
-      shards->all_gather_parameters();
-      communication += seconds_since(gather);
+    {
+      const auto timed = phase(Phase::optimizer);
+      r.gradient_norm = optimizer.step(r.lr, loss_scale);  // every rank: the same all-reduced gradients
+      if (shards && std::isfinite(r.gradient_norm)) {
+        const Clock::time_point gather = Clock::now();
+        shards->all_gather_parameters();
+        communication += seconds_since(gather);
+      }
     }
     if (!std::isfinite(r.gradient_norm)) {
       if (!scaling) {
@@ -734,6 +792,8 @@ TrainResult train(const TrainConfig& config, const parallel::Communicator& world
     // The step's time, communication, memory high-water and each category's high-water.
     std::vector<double> mine = {r.seconds, communication, double(context.pool().stats().in_use_high_water_bytes)};
     for (const memory::CategoryStats& c : context.pool().category_stats()) mine.push_back(double(c.in_use_high_water_bytes));
+    const std::size_t first_phase = mine.size();
+    mine.insert(mine.end(), phases.begin(), phases.end());
     std::vector<double> most(mine.size());
     world.all_reduce(mine.data(), most.data(), mine.size(), parallel::DataType::float64, parallel::ReduceOp::max);
     result.memory_by_category.clear();
@@ -745,6 +805,7 @@ TrainResult train(const TrainConfig& config, const parallel::Communicator& world
     r.peak_fraction = result.peak_gflops > 0 ? r.gflops / result.peak_gflops : 0;
     r.communication_share = most[1] / r.seconds;
     r.memory_bytes = std::size_t(most[2]);
+    for (int p = 0; p < phase_count; ++p) r.phase_seconds[std::size_t(p)] = most[first_phase + std::size_t(p)];
     result.steps.push_back(r);
     if (out && !config.quiet) {
       const double elapsed = seconds_since(run_start), done = double(step + 1 - first);
@@ -757,13 +818,20 @@ TrainResult train(const TrainConfig& config, const parallel::Communicator& world
            << std::flush;
     }
     const bool final_step = step + 1 == last;
+    // After the step's time: this rank's own times (the next step's all-reduce waits for the rest).
+    std::array<double, phase_count>& after_step = result.steps.back().phase_seconds;
     if ((config.eval_every > 0 && (step + 1) % config.eval_every == 0) || (final_step && last == config.steps)) {
-      result.evals.push_back({step + 1, evaluate()});
+      {
+        const PhaseScope<Exec> timed(Phase::evaluation, context.exec(), after_step);
+        result.evals.push_back({step + 1, evaluate()});
+      }
       if (out) *out << "eval  " << std::setw(5) << step + 1 << "  validation loss " << std::fixed << std::setprecision(4)
                     << result.evals.back().loss << "\n" << std::flush;
     }
-    if (!config.checkpoint.empty() && ((config.checkpoint_every > 0 && (step + 1) % config.checkpoint_every == 0) || final_step))
+    if (!config.checkpoint.empty() && ((config.checkpoint_every > 0 && (step + 1) % config.checkpoint_every == 0) || final_step)) {
+      const PhaseScope<Exec> timed(Phase::checkpoint, context.exec(), after_step);
       save(step + 1);
+    }
   }
   return result;
 }

@@ -24,6 +24,7 @@
 // are host copies.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <ostream>
@@ -101,6 +102,16 @@ struct TrainConfig {
 // Throws longattn::Error naming the option (sizes against the world, divisibility, ranges).
 void validate(const TrainConfig& config, int world_size);
 
+// The phases of a step, each a Kokkos Tools region named "longattn-train: <phase>" (Kokkos
+// Tools' space-time-stack, or Nsight Systems through the NVTX connector, show them) and timed
+// on the host, a fence of the step's instance ending each. gradient reduction: waiting for the
+// gradient all-reduces or reduce-scatters after backward, the sequence-parallel sums and the
+// loss; optimizer: AdamW, with ZeRO's parameter all-gather. checkpoint and evaluation run after
+// a step's time is taken and are not part of it.
+enum class Phase { forward, backward, gradient_reduction, optimizer, checkpoint, evaluation };
+inline constexpr int phase_count = 6;
+const char* to_string(Phase phase);
+
 struct StepRecord {
   int step = 0;  // 1-based
   double loss = 0, lr = 0, gradient_norm = 0, seconds = 0;
@@ -110,6 +121,7 @@ struct StepRecord {
   bool skipped = false;            // fp16: the gradients overflowed; no update
   std::size_t memory_bytes = 0;    // the memory pool's high-water mark, largest over ranks (minus
                                    // model_state_bytes and bucket_bytes: activations and workspaces)
+  std::array<double, phase_count> phase_seconds{};  // by Phase, the slowest rank's
 };
 
 struct EvalRecord {
