@@ -27,6 +27,10 @@ fi
 # host-only preprocessor output, which would miss a change inside `#ifdef __CUDA_ARCH__`).
 if [ "${LONGATTN_CCACHE:-1}" = 1 ] && command -v ccache > /dev/null; then
   export CCACHE_BASEDIR="$root"
+  # The sanitizer builds carry debug info (-g1): without this, ccache hashes the build folder's
+  # absolute path into them and a fresh clone elsewhere misses (debug info then names the first
+  # clone's folder, which only a debugger reads).
+  export CCACHE_NOHASHDIR=1
   cmake_args+=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
   if [ "${LONGATTN_CUDA:-0}" = 1 ]; then
     export CCACHE_COMPILERTYPE=gcc CCACHE_DEPEND=1
