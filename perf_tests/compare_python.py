@@ -27,34 +27,10 @@ import warnings
 
 import numpy as np
 
-from timing import run_benchmark, seconds_per_step
+from compare_dilated import longattn_seconds, seed_seconds
+from timing import seconds_per_step
 
 SEGMENTS, RATES = [2048, 4096, 8192], [1, 2, 4]
-
-
-def module_seconds(torch, module, mode, tokens):
-    g = torch.Generator().manual_seed(2026)
-    q, k, v, d_o = (torch.rand(1, tokens, 8, 64, generator=g) * 2 - 1 for _ in range(4))
-    if mode == "forward":
-        def step():
-            with torch.no_grad():
-                module(q, k, v)
-    else:
-        q.requires_grad_(), k.requires_grad_(), v.requires_grad_()
-
-        def step():
-            module(q, k, v).backward(d_o)
-    return seconds_per_step(step)
-
-
-def benchmark_seconds(bench, tokens, threads):
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads), OMP_PROC_BIND="false")
-    case = f"BM_DilatedForward/{tokens}/1/0/"  # head_groups, not causal
-    out = json.loads(run_benchmark([bench, f"--benchmark_filter=^{case}", "--benchmark_format=json",
-                                    "--benchmark_min_time=0.5"], env))["benchmarks"]
-    if not out:
-        sys.exit(f"{bench} ran no benchmark {case}")
-    return out[0]["real_time"] * {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}[out[0]["time_unit"]]
 
 
 def binding_seconds(longattn, tokens):
@@ -108,8 +84,8 @@ def main():
         for tokens in args.tokens:
             mine = theirs = float("inf")
             for _ in range(args.repeat):
-                mine = min(mine, module_seconds(torch, ours, mode, tokens))
-                theirs = min(theirs, module_seconds(torch, seed, mode, tokens))
+                mine = min(mine, seed_seconds(torch, ours, mode, tokens))  # any module's step
+                theirs = min(theirs, seed_seconds(torch, seed, mode, tokens))
             drop_in.append(dict(mode=mode, tokens=tokens, longattn_seconds=mine, seed_seconds=theirs,
                                 speedup=theirs / mine))
             print(f"{mode:<17} {tokens:>7} {mine:>11.4f} {theirs:>9.4f} {theirs / mine:>16.2f}", flush=True)
@@ -122,7 +98,7 @@ def main():
         python = native = float("inf")
         for _ in range(args.repeat):
             python = min(python, binding_seconds(longattn, tokens))
-            native = min(native, benchmark_seconds(args.bench, tokens, args.threads))
+            native = min(native, longattn_seconds(args.bench, "forward", tokens, args.threads))  # head_groups
         overhead.append(dict(tokens=tokens, python_seconds=python, cpp_seconds=native,
                              overhead=python / native - 1, fixed_call_seconds=fixed, fixed_share=fixed / native))
         print(f"{'':<17} {tokens:>7} {python:>11.4f} {native:>9.4f} {100 * (python / native - 1):>15.1f}% "

@@ -307,6 +307,26 @@ longattn::BlockSparseLayout<Exec> mask_layout(const char* where, const Mask& mas
   return longattn::mask_layout(context().exec(), shape, keep);
 }
 
+// Runs the attention a call names, then waits for its kernels: `blocks(layout...)` with the
+// layout of the caller's block mask or of a block-sparse pattern, or with none (dense), or
+// `dilated(config)`.
+template <class T, class Q, class K, class Blocks, class Dilated>
+void run_attention(const char* where, const Call& call, const Q& q, const K& k, const Blocks& blocks,
+                   const Dilated& dilated) {
+  using Kind = longattn::AttentionSpec::Kind;
+  const auto& ctx = context();
+  const longattn::AttentionSpec spec = longattn::resolve_attention_spec(call.spec, q.extent(1));
+  if (call.block_mask)
+    blocks(mask_layout<T>(where, *call.block_mask, q.extent(0), q.extent(1), k.extent(1), q.extent(2)));
+  else if (spec.kind == Kind::dilated)
+    dilated(spec.dilated);
+  else if (spec.kind == Kind::block_sparse)
+    blocks(longattn::block_sparse_layout(ctx, spec.block_sparse, q, k, call.options.causal));
+  else
+    blocks();
+  ctx.exec().fence();
+}
+
 template <class T>
 void run_forward(const Call& call, const Input& q_array, const Input& k_array, const Input& v_array,
                  const Array& o_array, const Array& lse_array) {
@@ -323,21 +343,12 @@ void run_forward(const Call& call, const Input& q_array, const Input& k_array, c
   }
   longattn::check_no_alias(where, "lse", lse, "o", o);
   const auto& ctx = context();
-  std::optional<longattn::BlockSparseLayout<Exec>> layout;
-  if (call.block_mask) layout = mask_layout<T>(where, *call.block_mask, q.extent(0), q.extent(1), k.extent(1), q.extent(2));
-
-  using Kind = longattn::AttentionSpec::Kind;
-  const longattn::AttentionSpec spec = longattn::resolve_attention_spec(call.spec, q.extent(1));
-  if (layout)
-    longattn::attention_forward(ctx, q, k, v, o, lse, call.options, *layout);
-  else if (spec.kind == Kind::dilated)
-    longattn::dilated_attention_forward(ctx, q, k, v, o, lse, spec.dilated, call.options);
-  else if (spec.kind == Kind::block_sparse)
-    longattn::attention_forward(ctx, q, k, v, o, lse, call.options,
-                                longattn::block_sparse_layout(ctx, spec.block_sparse, q, k, call.options.causal));
-  else
-    longattn::attention_forward(ctx, q, k, v, o, lse, call.options);
-  ctx.exec().fence();
+  run_attention<T>(
+      where, call, q, k,
+      [&](const auto&... layout) { longattn::attention_forward(ctx, q, k, v, o, lse, call.options, layout...); },
+      [&](const longattn::DilatedConfig& config) {
+        longattn::dilated_attention_forward(ctx, q, k, v, o, lse, config, call.options);
+      });
 }
 
 template <class T>
@@ -364,21 +375,14 @@ void run_backward(const Call& call, const Input& q_array, const Input& k_array, 
   longattn::check_no_alias(where, "dq", dq, "dv", dv);
   longattn::check_no_alias(where, "dk", dk, "dv", dv);
   const auto& ctx = context();
-  std::optional<longattn::BlockSparseLayout<Exec>> layout;
-  if (call.block_mask) layout = mask_layout<T>(where, *call.block_mask, q.extent(0), q.extent(1), k.extent(1), q.extent(2));
-
-  using Kind = longattn::AttentionSpec::Kind;
-  const longattn::AttentionSpec spec = longattn::resolve_attention_spec(call.spec, q.extent(1));
-  if (layout)
-    longattn::attention_backward(ctx, q, k, v, o, d_o, lse, dq, dk, dv, call.options, *layout);
-  else if (spec.kind == Kind::dilated)
-    longattn::dilated_attention_backward(ctx, q, k, v, o, d_o, lse, dq, dk, dv, spec.dilated, call.options);
-  else if (spec.kind == Kind::block_sparse)
-    longattn::attention_backward(ctx, q, k, v, o, d_o, lse, dq, dk, dv, call.options,
-                                 longattn::block_sparse_layout(ctx, spec.block_sparse, q, k, call.options.causal));
-  else
-    longattn::attention_backward(ctx, q, k, v, o, d_o, lse, dq, dk, dv, call.options);
-  ctx.exec().fence();
+  run_attention<T>(
+      where, call, q, k,
+      [&](const auto&... layout) {
+        longattn::attention_backward(ctx, q, k, v, o, d_o, lse, dq, dk, dv, call.options, layout...);
+      },
+      [&](const longattn::DilatedConfig& config) {
+        longattn::dilated_attention_backward(ctx, q, k, v, o, d_o, lse, dq, dk, dv, config, call.options);
+      });
 }
 
 int block_size(const Input& like) {  // a compile-time figure: no Kokkos call
