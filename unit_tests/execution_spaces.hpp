@@ -3,6 +3,7 @@
 // TEMPLATE_LIST_TEST_CASE: every kernel test runs on each of them.
 #include <Kokkos_Core.hpp>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 
 namespace longattn::test {
@@ -21,6 +22,15 @@ using OpenMPSpaces = std::tuple<>;
 using CudaSpaces = std::tuple<Kokkos::Cuda>;
 #else
 using CudaSpaces = std::tuple<>;
+#endif
+
+// Whether Space is Kokkos::Cuda (false in builds without it).
+template <class Space>
+inline constexpr bool is_cuda =
+#ifdef KOKKOS_ENABLE_CUDA
+    std::is_same_v<Space, Kokkos::Cuda>;
+#else
+    false;
 #endif
 
 using ExecutionSpaces = decltype(std::tuple_cat(std::declval<SerialSpaces>(), std::declval<OpenMPSpaces>(),

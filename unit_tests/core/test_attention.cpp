@@ -441,8 +441,11 @@ TEMPLATE_LIST_TEST_CASE("head-major copies give the in-place results bit for bit
     std::size_t forward_bytes, backward_bytes;  // the pool's high-water mark in each pass
   };
   auto run = [&](bool copies, bool causal, longattn::BackwardPasses passes) {
-    Kokkos::View<float****, Memory> o("o", 2, 130, 3, 64), dq("dq", 2, 130, 3, 64);
-    Kokkos::View<float****, Memory> dk("dk", 2, 77, 3, 64), dv("dv", 2, 77, 3, 64);
+    // [B, N, H, D] with the head dim contiguous (a device's default layout is LayoutLeft, whose dq
+    // the one-pass form sums in a workspace).
+    using Tensor = Kokkos::View<float****, Kokkos::LayoutRight, Memory>;
+    Tensor o("o", 2, 130, 3, 64), dq("dq", 2, 130, 3, 64);
+    Tensor dk("dk", 2, 77, 3, 64), dv("dv", 2, 77, 3, 64);
     Kokkos::View<float***, Memory> lse("lse", 2, 3, 130);
     auto opts = options(s, causal);
     opts.backward_passes = passes;

@@ -1,7 +1,7 @@
 // longattn::gemm against the naive double-precision reference: odd sizes, every transpose
 // combination, both layouts, float and double, on every enabled execution space; 16-bit storage
 // (bfloat16, float16) through gemm(ctx, ...) with C of the same type or float, bfloat16 both through
-// float copies and on the CPU's bf16 dot products; column sums.
+// float copies and on the CPU's bf16 dot products, through cuBLAS on Kokkos::Cuda; column sums.
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <vector>
@@ -14,6 +14,15 @@
 #include "reference/random.hpp"
 
 namespace {
+
+// cuBLAS gemm calls so far (CUDA builds), 0 elsewhere.
+std::int64_t cublas_gemm_calls() {
+#if defined(KOKKOS_ENABLE_CUDA)
+  return longattn::detail::cublas_gemm_calls();
+#else
+  return 0;
+#endif
+}
 
 // Fills a matrix with uniform values in [-1, 1) and returns a host copy of them.
 template <class View>
@@ -64,11 +73,16 @@ void check_gemm_16bit(const char* trans_a, const char* trans_b, int m, int n, in
   const auto expected = longattn::test::reference_gemm(ta, tb, alpha, ha, hb, beta, hc);  // of the stored values
   if (beta == 0) Kokkos::deep_copy(c, CT(std::nanf("")));
   const longattn::memory::Pool<Memory> pool;
+  const std::int64_t cublas_calls = cublas_gemm_calls();
   longattn::gemm(longattn::ExecutionContext<ExecSpace>(ExecSpace(), pool), trans_a, trans_b, float(alpha), a, b,
                  float(beta), c);
   Kokkos::deep_copy(hc, c);
   CHECK(pool.stats().in_use_bytes == 0);
-  CHECK(pool.stats().allocations >= 2);  // the operands' float copies or packed panels
+  // On Kokkos::Cuda, cuBLAS where every matrix's rows are contiguous (its workspace from the
+  // pool); elsewhere the operands' float copies or packed panels.
+  const bool cublas = longattn::test::is_cuda<ExecSpace> && std::is_same_v<Layout, Kokkos::LayoutRight>;
+  CHECK((cublas_gemm_calls() > cublas_calls) == cublas);
+  CHECK(pool.stats().allocations >= (cublas ? 1u : 2u));
   // Float sums of exact products, then one rounding into C's type (unit roundoff u).
   const double u = std::is_same_v<CT, float> ? 6e-8 : std::is_same_v<CT, longattn::bfloat16> ? 1.0 / 256 : 1.0 / 2048;
   double worst = 0, largest = 0;
@@ -94,6 +108,8 @@ TEMPLATE_LIST_TEST_CASE("gemm in 16-bit storage sums in float and rounds once", 
       check_gemm_16bit<longattn::bfloat16, float, TestType>(ta, tb, 17, 64, 9, rng);
       check_gemm_16bit<longattn::float16, longattn::float16, TestType>(ta, tb, 31, 1, 45, rng);
       check_gemm_16bit<longattn::float16, float, TestType>(ta, tb, 1, 23, 77, rng);
+      // Columns strided (LayoutLeft): float copies everywhere, cuBLAS reads only contiguous rows.
+      check_gemm_16bit<longattn::bfloat16, float, TestType, Kokkos::LayoutLeft>(ta, tb, 13, 31, 30, rng);
     }
   // Column sums of a 16-bit matrix into float sums.
   using Memory = typename TestType::memory_space;

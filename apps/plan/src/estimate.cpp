@@ -241,7 +241,10 @@ Estimate estimate(const Plan& plan, const AttentionWork& work) {
     attention_workspace += rows * (h / t) * (3 * 4 + element);
     workspace_formula += " + the 16-bit ring's fp32 dQ, dK, dV";
   }
-  e.memory.push_back({"workspaces", pass_buffers + attention_workspace, workspace_formula});
+  // A 16-bit matrix product's workspace (cuBLAS's) and the attention's are never held at once.
+  const double gemm_workspace = element < 4 ? plan.copies.gemm_workspace_bytes : 0;
+  if (gemm_workspace > attention_workspace) workspace_formula += ", or a 16-bit matrix product's workspace if larger";
+  e.memory.push_back({"workspaces", pass_buffers + std::max(attention_workspace, gemm_workspace), workspace_formula});
 
   // Transient copies: the attention's head-major copies (two of Q, K, V, dO at a time; a ring
   // step's piece is half a zigzag shard) and 16-bit matrix products' operand copies (the largest
@@ -257,7 +260,7 @@ Estimate estimate(const Plan& plan, const AttentionWork& work) {
                       "the larger of the attention's head-major copies (" + number(head_major) +
                           " B) and a 16-bit matrix product's operand copies (" + number(gemm_copies) + " B)"});
   // A layer's backward holds its attention's workspaces and head-major copies, or a product's copies.
-  const double layer_phase = std::max(attention_workspace + head_major, gemm_copies);
+  const double layer_phase = std::max(attention_workspace + head_major, gemm_copies + gemm_workspace);
 
   // Communication buffers while a layer's backward runs, and as backward ends (after the
   // optimizer's step under ZeRO 1 and 2: the parameters all-gathered one tensor at a time).

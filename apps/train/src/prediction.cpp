@@ -4,6 +4,7 @@
 
 #include "longattn/core/attention_spec.hpp"
 #include "longattn/core/bf16_dot_products.hpp"
+#include "longattn/core/gemm.hpp"
 
 namespace longattn::train {
 
@@ -32,10 +33,14 @@ plan::Estimate planner_estimate(const TrainConfig& c, int ranks, double peak_flo
   using Exec = Kokkos::DefaultExecutionSpace;
   const bool host = Kokkos::SpaceAccessibility<Exec, Kokkos::HostSpace>::accessible;
   p.copies.head_major_attention = host;  // AttentionOptions::head_major_copies' default, on the CPU
-  if (c.precision != Precision::fp32)
-    p.copies.gemm = host && c.precision == Precision::bf16 && bf16_dot_products_in_use()
+  if (c.precision != Precision::fp32) {
+    // cuBLAS reads the operands in place, in a workspace of its own (gemm_workspace_bytes).
+    p.copies.gemm_workspace_bytes = double(gemm_workspace_bytes<Exec>());
+    p.copies.gemm = gemm_workspace_bytes<Exec>() > 0 ? plan::KernelCopies::Gemm::none
+                    : host && c.precision == Precision::bf16 && bf16_dot_products_in_use()
                         ? plan::KernelCopies::Gemm::bf16_panels
                         : plan::KernelCopies::Gemm::float_operands;
+  }
   p.training.recompute = c.model.recompute == Recompute::none        ? plan::Recompute::none
                          : c.model.recompute == Recompute::selective ? plan::Recompute::selective
                                                                      : plan::Recompute::full;

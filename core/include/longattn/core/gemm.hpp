@@ -9,7 +9,9 @@
 //
 // 16-bit storage (bfloat16, float16) goes through gemm(ctx, ...): A and B of one 16-bit type, C
 // of that type or float. Products of 16-bit values are exact in float and the sums are taken in
-// float (mixed precision, as tensor cores do). bfloat16 on a host space whose CPU has bf16 dot
+// float (mixed precision, as tensor cores do). On Kokkos::Cuda it is cuBLAS's cublasGemmEx on the
+// tensor cores (detail/cublas_gemm.hpp: the context's stream, cuBLAS's workspace from its pool),
+// wherever each matrix's rows are contiguous. bfloat16 on a host space whose CPU has bf16 dot
 // products (AVX512-BF16) runs on them (detail/bf16_gemm.hpp: twice the products per instruction
 // of a float FMA); otherwise it is the float gemm on float copies of the operands, taken from
 // ctx.pool() while the call runs, the result rounded into a 16-bit C. add_column_sums sums a
@@ -17,6 +19,9 @@
 #include <KokkosBlas2_gemv.hpp>
 #include <KokkosBlas3_gemm.hpp>
 #include <Kokkos_Core.hpp>
+#include <algorithm>
+#include <cstdint>
+#include <limits>
 #include <sstream>
 #include <string>
 #include <type_traits>
@@ -25,6 +30,10 @@
 #include "longattn/core/bf16_dot_products.hpp"
 #include "longattn/core/convert.hpp"
 #include "longattn/core/detail/bf16_gemm.hpp"
+#include "longattn/core/detail/column_sums.hpp"
+#if defined(KOKKOS_ENABLE_CUDA)
+#include "longattn/core/detail/cublas_gemm.hpp"
+#endif
 #include "longattn/core/execution_context.hpp"
 #include "longattn/core/half.hpp"
 #include "longattn/error.hpp"
@@ -107,9 +116,69 @@ memory::PooledView<FloatMatrix<ExecSpace>> widened(const ExecutionContext<ExecSp
 }
 }  // namespace detail
 
+#if defined(KOKKOS_ENABLE_CUDA)
+namespace detail {
+template <class T>
+constexpr CublasType cublas_type() {
+  if constexpr (std::is_same_v<T, bfloat16>) return CublasType::bfloat16;
+  else if constexpr (std::is_same_v<T, float16>) return CublasType::float16;
+  else return CublasType::float32;
+}
+
+// A rank-2 view as cuBLAS reads it: rows contiguous, `leading` elements apart (nullopt-like
+// false where its rows are not contiguous or an extent passes cuBLAS's int).
+template <class View>
+bool cublas_matrix(const View& x, CublasMatrix& matrix) {
+  constexpr std::int64_t int_max = std::numeric_limits<int>::max();
+  const std::int64_t rows = x.extent(0), cols = x.extent(1);
+  if (cols > 1 && x.stride(1) != 1) return false;
+  const std::int64_t leading = std::max<std::int64_t>({rows > 1 ? std::int64_t(x.stride(0)) : 0, cols, 1});
+  if (rows > int_max || leading > int_max) return false;
+  matrix = {x.data(), cublas_type<scalar_of<View>>(), leading};
+  return true;
+}
+
+// C = alpha op(A) op(B) + beta C by cublasGemmEx on ctx's stream, its workspace from ctx's pool;
+// false (nothing done) where a matrix is not one cuBLAS reads in place.
+template <class AView, class BView, class CView>
+bool cublas_gemm_in(const ExecutionContext<Kokkos::Cuda>& ctx, const char* trans_a, const char* trans_b, float alpha,
+                    const AView& a, const BView& b, float beta, const CView& c) {
+  CublasGemm call;
+  CublasMatrix c_matrix;
+  if (!cublas_matrix(a, call.a) || !cublas_matrix(b, call.b) || !cublas_matrix(c, c_matrix)) return false;
+  call.trans_a = transposed(trans_a);
+  call.trans_b = transposed(trans_b);
+  call.m = c.extent(0);
+  call.n = c.extent(1);
+  call.k = call.trans_a ? a.extent(0) : a.extent(1);
+  if (call.n > std::numeric_limits<int>::max() || call.k > std::numeric_limits<int>::max()) return false;
+  call.alpha = alpha;
+  call.beta = beta;
+  call.c = c.data();
+  call.c_type = c_matrix.type;
+  call.ldc = c_matrix.leading;
+  if (call.m == 0 || call.n == 0) return true;
+  const memory::CategoryScope scope(memory::Category::workspaces);
+  const auto workspace = ctx.template allocate<Kokkos::View<char*, Kokkos::Cuda::memory_space>>(cublas_workspace_bytes);
+  cublas_gemm(ctx.exec().cuda_stream(), call, workspace.data(), cublas_workspace_bytes);
+  return true;
+}
+}  // namespace detail
+#endif
+
+// The pool memory a 16-bit gemm(ctx, ...) takes on ExecSpace beside its operands' copies (pool
+// category "workspaces"): cuBLAS's workspace on Kokkos::Cuda, none elsewhere.
+template <class ExecSpace>
+constexpr std::size_t gemm_workspace_bytes() {
+#if defined(KOKKOS_ENABLE_CUDA)
+  if constexpr (std::is_same_v<ExecSpace, Kokkos::Cuda>) return detail::cublas_workspace_bytes;
+#endif
+  return 0;
+}
+
 // C = alpha op(A) op(B) + beta C in `ctx`: gemm(ctx.exec(), ...) for float and double; for 16-bit
-// A and B (C of their type or float) on the CPU's bf16 dot products or on float
-// copies from ctx.pool(), see above.
+// A and B (C of their type or float) through cuBLAS on Kokkos::Cuda, on the CPU's bf16 dot
+// products or on float copies from ctx.pool(), see above.
 template <class ExecSpace, class AView, class BView, class CView>
 void gemm(const ExecutionContext<ExecSpace>& ctx, const char* trans_a, const char* trans_b,
           accumulate_t<scalar_of<CView>> alpha, const AView& a, const BView& b, accumulate_t<scalar_of<CView>> beta,
@@ -123,6 +192,13 @@ void gemm(const ExecutionContext<ExecSpace>& ctx, const char* trans_a, const cha
   } else {
     static_assert(std::is_same_v<TC, TA> || std::is_same_v<TC, float>,
                   "longattn::gemm: C of 16-bit A and B holds their type or float");
+#if defined(KOKKOS_ENABLE_CUDA)
+    if constexpr (std::is_same_v<ExecSpace, Kokkos::Cuda> &&
+                  std::is_same_v<typename ExecSpace::memory_space, typename CView::memory_space>) {
+      detail::check_gemm_arguments(trans_a, trans_b, a, b, c);
+      if (detail::cublas_gemm_in(ctx, trans_a, trans_b, alpha, a, b, beta, c)) return;
+    }
+#endif
     if constexpr (std::is_same_v<TA, bfloat16> && std::is_same_v<typename ExecSpace::memory_space, Kokkos::HostSpace>) {
       if (bf16_dot_products_in_use()) {
         detail::check_gemm_arguments(trans_a, trans_b, a, b, c);
@@ -147,7 +223,8 @@ void gemm(const ExecutionContext<ExecSpace>& ctx, const char* trans_a, const cha
 // one gemv on the same memory read as the LayoutLeft [cols, rows] matrix a^T, which reaches the
 // BLAS (Kokkos Kernels' own transposed gemv over LayoutRight took 6% of a training step).
 // `ones` holds at least `rows` ones. Runs on `exec` as gemm does. A 16-bit `a` (sums: float) is
-// summed by a kernel instead, in row order (`ones` is not read).
+// summed by a kernel instead, in a fixed order (`ones` is not read): on a device in teams of 32
+// columns (detail/column_sums.hpp).
 template <class ExecSpace, class AView, class OnesView, class SumsView>
 void add_column_sums(const ExecSpace& exec, const AView& a, const OnesView& ones, const SumsView& sums) {
   static_assert(AView::rank == 2 && OnesView::rank == 1 && SumsView::rank == 1,
@@ -161,10 +238,16 @@ void add_column_sums(const ExecSpace& exec, const AView& a, const OnesView& ones
           "the columns of a, " + std::to_string(a.extent(1)));
   using T = typename AView::non_const_value_type;
   static_assert(std::is_same_v<scalar_of<SumsView>, accumulate_t<T>>, "add_column_sums: sums of accumulate_t of a's type");
-  if constexpr (is_half_v<T>) {
-    // A thread sums `width` neighbouring columns down the rows: contiguous reads on a CPU (16
-    // columns), one column per thread (reads coalesced across threads) on a device.
-    constexpr int width = Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename ExecSpace::memory_space>::accessible ? 16 : 1;
+  if constexpr (is_half_v<T> &&
+                !Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename ExecSpace::memory_space>::accessible) {
+    // On a device in teams, reads coalesced across a team's 32 columns (detail/column_sums.hpp).
+    detail::device_column_sums<1, float>(
+        "longattn::add_column_sums", exec, std::int64_t(a.extent(0)), int(a.extent(1)),
+        KOKKOS_LAMBDA(std::int64_t r, int c, float(&sum)[1]) { sum[0] += float(a(r, c)); },
+        KOKKOS_LAMBDA(int c, const float(&sum)[1]) { sums(c) += sum[0]; });
+  } else if constexpr (is_half_v<T>) {
+    // A thread sums 16 neighbouring columns down the rows: contiguous reads.
+    constexpr int width = 16;
     const std::int64_t rows = a.extent(0);
     const int cols = int(a.extent(1));
     Kokkos::parallel_for(

@@ -16,6 +16,7 @@
 #include <type_traits>
 
 #include "longattn/core/attention.hpp"  // longattn::check_extents, check_no_alias, scalar_of
+#include "longattn/core/detail/column_sums.hpp"
 #include "longattn/core/detail/eti.hpp"
 #include "longattn/core/execution_context.hpp"
 #include "longattn/core/feature_group.hpp"
@@ -71,12 +72,26 @@ KOKKOS_INLINE_FUNCTION void layer_norm_row_dx(const DY& dy, const X& x, const Ga
     dx(r, e) = T(inverse * (A(dy(r, e)) * A(gamma(e)) - g_mean - (A(x(r, e)) - mu) * inverse * g_x_hat_mean));
 }
 
-// dgamma += sum_rows dy x_hat, dbeta += sum_rows dy: one thread per column, rows in order.
+// dgamma += sum_rows dy x_hat, dbeta += sum_rows dy: on a host a thread per column, rows in
+// order; on a device in teams (detail/column_sums.hpp).
 template <class ExecSpace, class DY, class X, class Stats, class DGamma>
 void layer_norm_parameter_gradients(const ExecSpace& exec, const DY& dy, const X& x, const Stats& mean,
                                     const Stats& rstd, const DGamma& dgamma, const DGamma& dbeta) {
   using A = typename DGamma::non_const_value_type;
   const std::int64_t rows = x.extent(0);
+  if constexpr (!Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename ExecSpace::memory_space>::accessible) {
+    detail::device_column_sums<2, A>(
+        "longattn::layer_norm_backward::parameters", exec, rows, int(x.extent(1)),
+        KOKKOS_LAMBDA(std::int64_t r, int e, A(&sums)[2]) {
+          sums[0] += A(dy(r, e)) * (A(x(r, e)) - mean(r)) * rstd(r);
+          sums[1] += A(dy(r, e));
+        },
+        KOKKOS_LAMBDA(int e, const A(&sums)[2]) {
+          dgamma(e) += sums[0];
+          dbeta(e) += sums[1];
+        });
+    return;
+  }
   Kokkos::parallel_for(
       "longattn::layer_norm_backward::parameters", Kokkos::RangePolicy<ExecSpace>(exec, 0, int(x.extent(1))),
       KOKKOS_LAMBDA(int e) {

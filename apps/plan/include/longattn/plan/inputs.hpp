@@ -44,11 +44,15 @@ struct TrainingConfig {
 
 // Copies the kernels make of their operands, which live while a kernel runs (memory category
 // "transient copies"): none where the kernels read their operands in place (cuBLAS, the tensor-
-// core attention), or longattn's CPU paths, which longattn-train's prediction describes.
+// core attention), or longattn's CPU paths, which longattn-train's prediction describes; and
+// the workspace a 16-bit product takes.
 struct KernelCopies {
   // 16-bit matrix products: float copies of A, B and C (Kokkos Kernels' sgemm), or A and B packed
   // in bf16 panels (AVX512-BF16 dot products).
   enum class Gemm { none, float_operands, bf16_panels } gemm = Gemm::none;
+  // Pool memory a 16-bit matrix product takes while it runs, beside any copies (cuBLAS's
+  // workspace; memory category "workspaces").
+  double gemm_workspace_bytes = 0;
   bool head_major_attention = false;  // attention streams head-major copies of two of Q, K, V, dO at a time
 };
 

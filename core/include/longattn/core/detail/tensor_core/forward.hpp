@@ -1,8 +1,14 @@
 // The forward pass on tensor cores (FlashAttention-2's structure), one CTA per (batch, head, pair
 // of 64-query blocks):
 //
-//   CTA     8 warps (256 threads); warp w owns 16 query rows, rows 16 w .. 16 w + 15 of the pair
-//           (warps 0-3 the first query block, 4-7 the second)
+//   CTA     128 query rows in 8 / R warps; warp w owns R row tiles of 16 query rows, rows
+//           16 R w .. 16 R (w + 1) - 1 of the pair (the first half of the warps the first query
+//           block, the second half the second). R = 2 at D = 64 (4 warps, FlashAttention-2's
+//           shape): each K or V fragment a warp loads from shared memory feeds two mma, which
+//           halves the shared-memory reads per product (one tile: 256 bytes of B operand per
+//           m16n8k16, 2 of the 4 cycles an SM's tensor cores take for it). R = 1 (8 warps) at
+//           D = 128 and 256: two tiles' O accumulators spill at 128 (255 registers, 48 bytes of
+//           spill stores, ptxas sm_90) and do not fit at 256.
 //   shared  Q [128][D], K [64][D], V [64][D] of the storage type, rows padded (fragments.hpp):
 //           16-bit D = 64: 36 KiB, 128: 68 KiB, 256: 132 KiB; float (TF32) D = 64: 68 KiB,
 //           128: 132 KiB (256 would take 260)
@@ -17,7 +23,8 @@
 //                              TF32: 32-bit loads)
 //   end     O / l through the warp's own Q rows in shared memory, 16-byte stores; LSE
 //
-// Per thread: O accumulators D / 2 floats, S 32 floats, the running max and sum of its 2 rows.
+// Per thread and row tile: O accumulators D / 2 floats, S 32 floats, the running max and sum of
+// its 2 rows.
 // Scores are in log2 units (scale * log2(e)); a key is masked when past the sequence or, causal,
 // when its global position follows the query's (each row's visible keys of a block are a prefix). Everything AttentionOptions asks of the forward
 // pass is here: output_scale, accumulate_output (the softmax continues from o and lse), offsets.
@@ -50,9 +57,11 @@ template <class Warp, class S, int D, class Pattern>
 struct ForwardProgram {
   static_assert(D == 64 || D == 128 || (D == 256 && sizeof(S) == 2), "head dims 64, 128 (16-bit also 256)");
   static constexpr int L = block_tokens;
-  static constexpr int warps = 8, threads = 32 * warps;
-  static constexpr int query_rows = 2 * L;  // 16 per warp
-  // D = 64 fits 128 registers a thread (two CTAs an SM); larger head dims take up to 255 (one).
+  static constexpr int query_rows = 2 * L;
+  static constexpr int row_tiles = D == 64 ? 2 : 1;  // R above
+  static constexpr int warps = query_rows / (16 * row_tiles), threads = 32 * warps;
+  // Two CTAs an SM at D = 64 (4 warps, up to 255 registers a thread: 234-237 used), one at 128
+  // and 256 (8 warps, 199-254 registers).
   static constexpr int min_ctas_per_sm = D == 64 ? 2 : 1;
   static constexpr std::size_t q_bytes = tile_bytes<S>(query_rows, D), kv_bytes = tile_bytes<S>(L, D);
   static constexpr std::size_t shared_bytes = q_bytes + 2 * kv_bytes;
@@ -79,29 +88,36 @@ struct ForwardProgram {
     char* const sk = shared + q_bytes;
     char* const sv = sk + kv_bytes;
 
-    const int warp_first = q_first + 16 * warp;  // the warp's first query
+    const int warp_first = q_first + 16 * row_tiles * warp;  // the warp's first query
     const bool has_rows = warp_first < args.queries;
-    const int rows[2] = {warp_first + at.group, warp_first + at.group + 8};  // this lane's two queries
+    int rows[row_tiles][2];  // this lane's two queries of each row tile
+    LONGATTN_WARP_UNROLL
+    for (int r = 0; r < row_tiles; ++r) {
+      rows[r][0] = warp_first + 16 * r + at.group;
+      rows[r][1] = rows[r][0] + 8;
+    }
 
     // The running softmax of each row: max m (log2 units), this lane's part of the sum l, O. It
     // starts empty, or, accumulating, as the result already in (o, lse): m = lse in log2 units,
     // l = 1 (counted by one lane of the quad), O = o / output_scale.
-    float m[2], l[2], o[D / 8][4];
+    float m[row_tiles][2], l[row_tiles][2], o[row_tiles][D / 8][4];
     const float inverse_output_scale = 1.0f / args.output_scale;
     LONGATTN_WARP_UNROLL
-    for (int half = 0; half < 2; ++half) {
-      const int row = rows[half];
-      const float previous = args.accumulate && row < args.queries ? args.lse(b, h, row) : minus_infinity<float>();
-      const bool empty = previous == minus_infinity<float>();
-      m[half] = empty ? minus_infinity<float>() : previous * log2_e<float>();
-      l[half] = empty || at.quad_lane != 0 ? 0.0f : 1.0f;
-      const S* o_row = empty ? nullptr : args.o.row(b, row, h);
+    for (int r = 0; r < row_tiles; ++r)
       LONGATTN_WARP_UNROLL
-      for (int n = 0; n < D / 8; ++n)
+      for (int half = 0; half < 2; ++half) {
+        const int row = rows[r][half];
+        const float previous = args.accumulate && row < args.queries ? args.lse(b, h, row) : minus_infinity<float>();
+        const bool empty = previous == minus_infinity<float>();
+        m[r][half] = empty ? minus_infinity<float>() : previous * log2_e<float>();
+        l[r][half] = empty || at.quad_lane != 0 ? 0.0f : 1.0f;
+        const S* o_row = empty ? nullptr : args.o.row(b, row, h);
         LONGATTN_WARP_UNROLL
-        for (int e = 0; e < 2; ++e)
-          o[n][2 * half + e] = empty ? 0.0f : float(o_row[8 * n + 2 * at.quad_lane + e]) * inverse_output_scale;
-    }
+        for (int n = 0; n < D / 8; ++n)
+          LONGATTN_WARP_UNROLL
+          for (int e = 0; e < 2; ++e)
+            o[r][n][2 * half + e] = empty ? 0.0f : float(o_row[8 * n + 2 * at.quad_lane + e]) * inverse_output_scale;
+      }
 
     load_tile<Warp, query_rows, D, threads>(sq, args.q.row(b, q_first, h), args.q.token_stride,
                                             min_int(args.queries - q_first, query_rows), thread);
@@ -112,17 +128,18 @@ struct ForwardProgram {
     Warp::cp_async_commit();
     bool first_visit = true;
     while (more) {
-      const bool mine = has_rows && (warp < 4 ? in_first : in_second);
+      const bool mine = has_rows && (warp < warps / 2 ? in_first : in_second);
       Warp::cp_async_wait_all();
       if (first_visit) round_tile<Warp, query_rows, D, threads, S>(sq, thread);
       round_tile<Warp, L, D, threads, S>(sk, thread);
       Warp::sync_cta();  // K landed; every warp is done with V
       load_keys_or_values(sv, args.v, b, h, block, thread);
       Warp::cp_async_commit();
-      float s[L / 8][4];
+      float s[row_tiles][L / 8][4];
       if (mine) {
         scores(sq, sk, warp, lane, s);
-        softmax(s, block * L, rows, lane, m, l, o);
+        LONGATTN_WARP_UNROLL
+        for (int r = 0; r < row_tiles; ++r) softmax(s[r], block * L, rows[r], lane, m[r], l[r], o[r]);
       }
       int next_block = 0;
       bool next_first = false, next_second = false;
@@ -141,7 +158,11 @@ struct ForwardProgram {
     }
     Warp::cp_async_wait_all();
     Warp::sync_cta();
-    if (has_rows) store(sq + tile_offset<S>(16 * warp, 0, D), b, h, warp_first, rows, lane, m, l, o);
+    LONGATTN_WARP_UNROLL
+    for (int r = 0; r < row_tiles; ++r)
+      if (rows[r][0] - at.group < args.queries)
+        store(sq + tile_offset<S>(16 * (row_tiles * warp + r), 0, D), b, h, rows[r][0] - at.group, rows[r], lane,
+              m[r], l[r], o[r]);
   }
 
   // K or V rows of key block `block` into a tile (zeros past the sequence).
@@ -151,23 +172,31 @@ struct ForwardProgram {
                                    min_int(args.keys - std::int64_t(block) * L, L), thread);
   }
 
-  // s = Q K^T for the warp's 16 rows and the 64 keys of the K tile. At D = 256 the k-steps stay a
-  // loop: unrolled, their operands did not fit the registers beside O's 128 floats.
-  KOKKOS_INLINE_FUNCTION static void scores(const char* sq, const char* sk, int warp, int lane, float (&s)[L / 8][4]) {
+  // s = Q K^T for the warp's row tiles and the 64 keys of the K tile, each K fragment used by
+  // every row tile. At D = 256 the k-steps stay a loop: unrolled, their operands did not fit the
+  // registers beside O's 128 floats.
+  KOKKOS_INLINE_FUNCTION static void scores(const char* sq, const char* sk, int warp, int lane,
+                                            float (&s)[row_tiles][L / 8][4]) {
     LONGATTN_WARP_UNROLL
-    for (int n = 0; n < L / 8; ++n)
+    for (int r = 0; r < row_tiles; ++r)
       LONGATTN_WARP_UNROLL
-      for (int i = 0; i < 4; ++i) s[n][i] = 0.0f;
+      for (int n = 0; n < L / 8; ++n)
+        LONGATTN_WARP_UNROLL
+        for (int i = 0; i < 4; ++i) s[r][n][i] = 0.0f;
     constexpr int k = mma_k<S>;
     auto k_step = [&](int kk) {
-      std::uint32_t a[4];
-      a_from_rows<Warp, S>(a, sq, lane, 16 * warp, k * kk, D);
+      std::uint32_t a[row_tiles][4];
+      LONGATTN_WARP_UNROLL
+      for (int r = 0; r < row_tiles; ++r) a_from_rows<Warp, S>(a[r], sq, lane, 16 * (row_tiles * warp + r), k * kk, D);
       LONGATTN_WARP_UNROLL
       for (int nn = 0; nn < L / 16; ++nn) {
         std::uint32_t bk[4];
         b_from_rows<Warp, S>(bk, sk, lane, 16 * nn, k * kk, D);
-        mma<Warp, S>(s[2 * nn], a, bk[0], bk[1]);
-        mma<Warp, S>(s[2 * nn + 1], a, bk[2], bk[3]);
+        LONGATTN_WARP_UNROLL
+        for (int r = 0; r < row_tiles; ++r) {
+          mma<Warp, S>(s[r][2 * nn], a[r], bk[0], bk[1]);
+          mma<Warp, S>(s[r][2 * nn + 1], a[r], bk[2], bk[3]);
+        }
       }
     };
     if constexpr (D <= 128) {
@@ -227,28 +256,34 @@ struct ForwardProgram {
   }
 
   // O += P V: the probabilities, packed to 16 bits (or rounded to TF32), are the A operand as
-  // they lie.
-  KOKKOS_INLINE_FUNCTION static void add_probabilities_times_values(const float (&p)[L / 8][4], const char* sv, int lane,
-                                                                    float (&o)[D / 8][4]) {
+  // they lie; each V fragment is used by every row tile.
+  KOKKOS_INLINE_FUNCTION static void add_probabilities_times_values(const float (&p)[row_tiles][L / 8][4],
+                                                                    const char* sv, int lane,
+                                                                    float (&o)[row_tiles][D / 8][4]) {
     constexpr int k = mma_k<S>;
-    std::uint32_t a[L / k][4];
+    std::uint32_t a[row_tiles][L / k][4];
     LONGATTN_WARP_UNROLL
-    for (int kk = 0; kk < L / k; ++kk) a_from_accumulators<Warp, S>(p, kk, a[kk]);
+    for (int r = 0; r < row_tiles; ++r)
+      LONGATTN_WARP_UNROLL
+      for (int kk = 0; kk < L / k; ++kk) a_from_accumulators<Warp, S>(p[r], kk, a[r][kk]);
     LONGATTN_WARP_UNROLL
     for (int nn = 0; nn < D / 16; ++nn)
       LONGATTN_WARP_UNROLL
       for (int kk = 0; kk < L / k; ++kk) {
         std::uint32_t bv[4];
         b_from_columns<Warp, S>(bv, sv, lane, k * kk, 16 * nn, D);
-        mma<Warp, S>(o[2 * nn], a[kk], bv[0], bv[1]);
-        mma<Warp, S>(o[2 * nn + 1], a[kk], bv[2], bv[3]);
+        LONGATTN_WARP_UNROLL
+        for (int r = 0; r < row_tiles; ++r) {
+          mma<Warp, S>(o[r][2 * nn], a[r][kk], bv[0], bv[1]);
+          mma<Warp, S>(o[r][2 * nn + 1], a[r][kk], bv[2], bv[3]);
+        }
       }
   }
 
-  // O = output_scale O / l, staged in the warp's own 16 Q rows (no other warp reads them), then
+  // One row tile's O = output_scale O / l, staged in its own 16 Q rows (no other warp reads them), then
   // stored a 16-byte chunk per lane; LSE = ln 2 (m + log2 l). A query that sees no key gets
   // O = 0, LSE = -inf; a NaN sum (NaN inputs) stays NaN in both.
-  KOKKOS_INLINE_FUNCTION void store(char* staging, int b, int h, int warp_first, const int (&rows)[2], int lane,
+  KOKKOS_INLINE_FUNCTION void store(char* staging, int b, int h, int tile_first, const int (&rows)[2], int lane,
                                     const float (&m)[2], float (&l)[2], const float (&o)[D / 8][4]) const {
     const Lane at(lane);
     LONGATTN_WARP_UNROLL
@@ -267,8 +302,8 @@ struct ForwardProgram {
                                                    : sum;
     }
     Warp::sync_warp();
-    store_warp_rows<Warp, D>(staging, args.o.row(b, warp_first, h), args.o.token_stride,
-                             min_int(args.queries - warp_first, 16), false, lane);
+    store_warp_rows<Warp, D>(staging, args.o.row(b, tile_first, h), args.o.token_stride,
+                             min_int(args.queries - tile_first, 16), false, lane);
   }
 };
 
