@@ -25,6 +25,9 @@
 #      train; and under cuda-gdb the emulated case that crashes on Kokkos::Serial in this build
 #   5. training steps in bf16 (longattn-train, JSON per run): the default model, and a model of
 #      the 350M shape (24 layers, E 1024, 16 heads) at context 4096
+#   6. several ranks on the one GPU: NCCL refuses ranks that share a GPU, so the communicator
+#      chooses the staged transport (MPI on host copies); parallel at 2 and 4 ranks, train at 2
+#      and the ZeRO / tp cases at 4
 # It exits 0 when every step passed, 1 otherwise, 2 without a GPU.
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -49,6 +52,7 @@ prepare() {
   cp -a "$ompi" "$staging/openmpi"
   mkdir -p "$staging/openmpi/bin" "$staging/openmpi/share"
   cp "$(command -v orted)" "$staging/openmpi/bin/"
+  cp "$(readlink -f "$(command -v mpiexec)")" "$staging/openmpi/bin/mpiexec"  # several ranks on the one GPU
   cp -a /usr/share/openmpi "$staging/openmpi/share/openmpi"
   # Every library the programs and Open MPI's components load, but those of the C library, the
   # driver and the CUDA libraries the GPU machine's image has.
@@ -165,6 +169,15 @@ EOF
     step train_350m 150 "$bin/longattn-train" --precision bf16 --layers 24 --embed 1024 --heads 16 \
       --context 4096 --batch 8 --steps 5 --eval-every 0 --eval-batches 1 --warmup 2 --peak-gflops 989000 \
       --task long_range --json "$out/train_350m.json"
+  fi
+
+  # 6. Several ranks on the one GPU, through the staged transport (chosen: the ranks share it).
+  if [ "$steps" != kernels ]; then
+    local mpi=(mpiexec --oversubscribe -x LD_LIBRARY_PATH -x OPAL_PREFIX -x OMPI_MCA_mca_base_component_path)
+    step parallel_np2 90 "${mpi[@]}" -n 2 "$bin/longattn_parallel_tests" --warn NoTests "* - 1"
+    step parallel_np4 120 "${mpi[@]}" -n 4 "$bin/longattn_parallel_tests" --warn NoTests "* - 1"
+    step train_np2 60 "${mpi[@]}" -n 2 "$bin/longattn_train_tests"
+    step train_np4_zero 60 "${mpi[@]}" -n 4 "$bin/longattn_train_tests" "[zero],[tp]"
   fi
 
   echo "== summary"

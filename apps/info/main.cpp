@@ -23,6 +23,9 @@
 #include "longattn/error.hpp"
 #include "longattn/memory/topology.hpp"
 #include "longattn/parallel/placement.hpp"
+#if LONGATTN_HAVE_MPI
+#include "longattn/parallel/communicator.hpp"
+#endif
 
 namespace {
 
@@ -43,6 +46,7 @@ struct Report {
   longattn::BuildInfo build;
   longattn::BlasRuntime blas;
   std::vector<std::string> communication;
+  std::vector<std::string> transports;  // "host memory mpi", "device memory staged"
   longattn::memory::TopologySummary machine;
   longattn::parallel::Placement placement;
   const Ceilings* ceilings = nullptr;  // null with --no-ceilings
@@ -106,6 +110,7 @@ void print_report(std::ostream& out, const Report& report, const Options& option
       << blas.selection << "\n";
   out << "  bf16 products     " << bf16_products_text() << "\n";
   out << "  communication     " << join(report.communication, "; ") << "\n";
+  out << "  transport         " << join(report.transports, "; ") << "\n";
   out << "  hwloc             " << (build.hwloc ? "yes" : "no") << "\n\n";
 
   out << "Machine (" << machine.source << ")\n";
@@ -159,7 +164,8 @@ nlohmann::json to_json(const Report& report, const Options& options) {
                 {"kokkos_kernels", build.kokkos_kernels_version},
                 {"execution_spaces", build.execution_spaces}, {"architecture", build.architecture},
                 {"blas", blas.library}, {"blas_kernels", blas.kernels}, {"blas_selection", blas.selection},
-                {"communication", report.communication}, {"bf16_products", bf16_products_text()}};
+                {"communication", report.communication}, {"transports", report.transports},
+                {"bf16_products", bf16_products_text()}};
   j["machine"] = {{"source", machine.source}, {"cpu", machine.cpu_model}, {"packages", machine.packages},
                   {"numa_nodes", machine.numa_nodes}, {"numa_memory_bytes", machine.numa_memory_bytes},
                   {"cores", machine.cores}, {"hardware_threads", machine.hardware_threads}};
@@ -222,11 +228,25 @@ int run(int argc, char* argv[], const longattn::parallel::Placement& placement) 
 #if LONGATTN_HAVE_MPI
   quiet_barrier(MPI_COMM_WORLD);
 #endif
+  // What the world's collectives take on each memory (every rank: the choice for device memory is
+  // collective).
+  std::vector<std::string> transports;
+#if LONGATTN_HAVE_MPI
+  {
+    const auto world = longattn::parallel::Communicator::world();
+    transports.push_back("host memory " + to_string(world.transport(Kokkos::DefaultHostExecutionSpace())));
+    if constexpr (!std::is_same_v<Kokkos::DefaultExecutionSpace, Kokkos::DefaultHostExecutionSpace>)
+      transports.push_back("device memory " + to_string(world.transport(Kokkos::DefaultExecutionSpace())));
+  }
+#else
+  transports.push_back("none (built without MPI)");
+#endif
   if (rank != 0) return 0;
 
   const Report report{longattn::build_info(),
                       longattn::blas_runtime(),
                       longattn::parallel::communication_libraries(),
+                      transports,
                       longattn::memory::Topology::system().summary(),
                       placement,
                       options.ceilings ? &ceilings : nullptr};

@@ -1,12 +1,12 @@
 #pragma once
 // What a Communicator handle points to (internal): the group's MPI communicator, the node's
-// (local) and the one across nodes between equal local ranks (cross), the node layout, and in
-// NCCL builds the matching NCCL communicators, made on first use.
+// (local) and the one across nodes between equal local ranks (cross), the node layout, and the
+// transports of calls on an instance's memory, each made on first use (MemoryTransport).
 #include <mpi.h>
 
+#include <array>
 #include <deque>
 #include <memory>
-#include <mutex>
 #include <vector>
 
 #include "longattn/parallel/communicator.hpp"
@@ -14,6 +14,39 @@
 namespace longattn::parallel::detail {
 
 class HierarchicalStages;
+
+// The calls on an instance's memory, one implementation per Transport, each in a file of its
+// own (mpi.cpp, staged.cpp, nccl.cpp). Communicator's *_in calls check the arguments and choose
+// the implementation (communicator.cpp); implementations may call the Communicator's host
+// collectives, which verify and apply the error policy themselves.
+class MemoryTransport {
+ public:
+  virtual ~MemoryTransport() = default;
+  virtual void all_reduce(const Communicator& comm, const MemoryAccess& access, const void* send, void* recv,
+                          std::size_t count, DataType type, ReduceOp op, bool hierarchical) = 0;
+  virtual void reduce_scatter(const Communicator& comm, const MemoryAccess& access, const void* send, void* recv,
+                              std::size_t count, DataType type, ReduceOp op) = 0;
+  virtual void all_gather(const Communicator& comm, const MemoryAccess& access, const void* send, void* recv,
+                          std::size_t count, DataType type) = 0;
+  virtual Request iall_reduce(const Communicator& comm, const MemoryAccess& access, const void* send, void* recv,
+                              std::size_t count, DataType type, ReduceOp op, bool hierarchical) = 0;
+  virtual Request ireduce_scatter(const Communicator& comm, const MemoryAccess& access, const void* send, void* recv,
+                                  std::size_t count, DataType type, ReduceOp op) = 0;
+  virtual Request exchange(const Communicator& comm, const MemoryAccess& access,
+                           const std::vector<Transfer>& transfers) = 0;
+};
+
+struct CommunicatorState;
+std::unique_ptr<MemoryTransport> make_mpi_transport();                              // mpi.cpp
+std::unique_ptr<MemoryTransport> make_staged_transport(std::size_t chunk_bytes);    // staged.cpp
+// Whether MPI takes device pointers (Open MPI's MPIX_Query_cuda_support; false without a GPU build).
+bool mpi_takes_device_pointers();                                                   // mpi.cpp
+#if LONGATTN_HAVE_NCCL
+// NCCL communicators mirroring the state's MPI ones (collective over them).
+std::unique_ptr<MemoryTransport> make_nccl_transport(const CommunicatorState& state);  // nccl.cpp
+// Every rank of the state's communicator on a GPU of its own, which NCCL needs (collective).
+bool every_rank_has_own_gpu(const CommunicatorState& state);                            // nccl.cpp
+#endif
 
 struct CommunicatorState {
   MPI_Comm comm = MPI_COMM_NULL, local = MPI_COMM_NULL, cross = MPI_COMM_NULL;
@@ -27,25 +60,16 @@ struct CommunicatorState {
   int rank = 0, size = 1, node = 0, nodes = 1, local_rank = 0, local_size = 1;
   bool uniform = true;             // every node has local_size ranks
   std::vector<int> node_of_rank;   // node of each rank of comm
-  CommunicatorOptions options;
-#if LONGATTN_HAVE_NCCL
-  // Made on the first device collective (collective over comm: unique ids go out over MPI).
-  ncclComm_t nccl = nullptr, nccl_local = nullptr, nccl_cross = nullptr;
-  // The hierarchical path's device scratch: grown as needed, reused in stream order (one
-  // stream per communicator, as NCCL wants its calls on a communicator in order anyway).
-  void* nccl_scratch = nullptr;
-  std::size_t nccl_scratch_bytes = 0;
-  // Exchanges run here, so that transfers overlap the kernels on the caller's stream.
-  cudaStream_t exchange_stream = nullptr;
-  void make_nccl();
-  void destroy_nccl();
-#endif
+  CommunicatorOptions options;     // with the environment applied (staging_chunk_bytes > 0)
+  Transport device_transport = Transport::automatic;  // chosen on the first call on device memory
+  std::array<std::unique_ptr<MemoryTransport>, 4> transports;  // by Transport, made on first use
   ~CommunicatorState();
 };
 
 // The one MPI tag of host exchanges: their messages pair by order, as NCCL's do.
 constexpr int exchange_tag = 32767;
 
+bool is_half(DataType type);  // bfloat16 or float16
 // The checks every reduction makes of its buffers and operation.
 void check_buffers(const char* where, const void* send, const void* recv, std::size_t count, DataType type, ReduceOp op);
 // Throws longattn::Error naming the MPI call and MPI's message.

@@ -1,9 +1,12 @@
-// Communicator over NCCL for CUDA memory (builds with LONGATTN_ENABLE_NCCL): the same
-// collectives, stream-ordered on the caller's stream. NCCL communicators mirror the MPI ones
-// (group, node, across nodes), each set up from a unique id that rank 0 of it broadcasts over MPI.
+// The NCCL transport for CUDA memory (builds with LONGATTN_ENABLE_NCCL): the collectives
+// stream-ordered on the caller's stream, exchanges on a stream of their own. NCCL communicators
+// mirror the MPI ones (group, node, across nodes), each set up from a unique id that rank 0 of it
+// broadcasts over MPI.
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <algorithm>
+#include <array>
 #include <string>
 
 #include "communicator_state.hpp"
@@ -57,101 +60,7 @@ ncclComm_t make_comm(MPI_Comm comm) {
 }  // namespace
 
 namespace detail {
-
-void CommunicatorState::make_nccl() {
-  if (nccl) return;
-  nccl = make_comm(comm);
-  nccl_local = make_comm(local);
-  nccl_cross = make_comm(cross);
-}
-
-void CommunicatorState::destroy_nccl() {
-  for (ncclComm_t* c : {&nccl_cross, &nccl_local, &nccl})
-    if (*c) ncclCommDestroy(*c);
-  if (nccl_scratch) cudaFree(nccl_scratch);
-  if (exchange_stream) cudaStreamDestroy(exchange_stream);
-}
-
-}  // namespace detail
-
-void Communicator::all_reduce(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op,
-                              cudaStream_t stream) const {
-  const char* where = "longattn::parallel::Communicator::all_reduce";
-  guarded(where, [&] {
-    detail::check_buffers(where, send, recv, count, type, op);
-    verify(where, count, type, int(op));
-    state_->make_nccl();
-    check_nccl(ncclAllReduce(send, recv, count, nccl_type(type), nccl_op(op), state_->nccl, stream), "ncclAllReduce");
-  });
-}
-
-// As on the host: reduce-scatter in the node, all-reduce across nodes, all-gather in the node.
-// NCCL's reduce-scatter wants equal blocks, so a count that the node's ranks do not divide goes
-// through a padded copy in the scratch buffer. An average averages at each stage: in the node
-// over local_size, across nodes over nodes(), together over size().
-void Communicator::hierarchical_all_reduce(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op,
-                                           cudaStream_t stream) const {
-  const char* where = "longattn::parallel::Communicator::hierarchical_all_reduce";
-  if (state_->nodes == 1 || state_->local_size == 1 || !state_->uniform)
-    return all_reduce(send, recv, count, type, op, stream);
-  guarded(where, [&] {
-    detail::check_buffers(where, send, recv, count, type, op);
-    verify(where, count, type, int(op));
-    state_->make_nccl();
-    const std::size_t L = std::size_t(state_->local_size), block = (count + L - 1) / L, bytes = size_of(type);
-    const bool padded = block * L != count;
-    const std::size_t needed = (padded ? block * L : 0) * bytes + block * bytes;
-    if (state_->nccl_scratch_bytes < needed) {
-      check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");  // the old scratch may be in use
-      if (state_->nccl_scratch) check_cuda(cudaFree(state_->nccl_scratch), "cudaFree");
-      state_->nccl_scratch = nullptr;
-      check_cuda(cudaMalloc(&state_->nccl_scratch, needed), "cudaMalloc");
-      state_->nccl_scratch_bytes = needed;
-    }
-    char* scratch = static_cast<char*>(state_->nccl_scratch);
-    char* full = padded ? scratch : static_cast<char*>(recv);  // the whole vector, padded if need be
-    char* mine = scratch + (padded ? block * L * bytes : 0);   // this rank's reduced block
-    const void* input = send;
-    if (padded) {
-      check_cuda(cudaMemcpyAsync(full, send, count * bytes, cudaMemcpyDeviceToDevice, stream), "cudaMemcpyAsync");
-      check_cuda(cudaMemsetAsync(full + count * bytes, 0, (block * L - count) * bytes, stream), "cudaMemsetAsync");
-      input = full;
-    }
-    const ncclDataType_t t = nccl_type(type);
-    check_nccl(ncclReduceScatter(input, mine, block, t, nccl_op(op), state_->nccl_local, stream), "ncclReduceScatter");
-    check_nccl(ncclAllReduce(mine, mine, block, t, nccl_op(op), state_->nccl_cross, stream), "ncclAllReduce");
-    check_nccl(ncclAllGather(mine, full, block, t, state_->nccl_local, stream), "ncclAllGather");
-    if (padded)
-      check_cuda(cudaMemcpyAsync(recv, full, count * bytes, cudaMemcpyDeviceToDevice, stream), "cudaMemcpyAsync");
-  });
-}
-
-void Communicator::reduce_scatter(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op,
-                                  cudaStream_t stream) const {
-  const char* where = "longattn::parallel::Communicator::reduce_scatter";
-  guarded(where, [&] {
-    detail::check_buffers(where, send, recv, count, type, op);
-    verify(where, count, type, int(op));
-    state_->make_nccl();
-    check_nccl(ncclReduceScatter(send, recv, count, nccl_type(type), nccl_op(op), state_->nccl, stream),
-               "ncclReduceScatter");
-  });
-}
-
-void Communicator::all_gather(const void* send, void* recv, std::size_t count, DataType type,
-                              cudaStream_t stream) const {
-  const char* where = "longattn::parallel::Communicator::all_gather";
-  guarded(where, [&] {
-    require(count == 0 || (send != nullptr && recv != nullptr), where, "send, recv", "nullptr",
-            "device buffers of " + std::to_string(count) + " and " + std::to_string(count * std::size_t(state_->size)) +
-                " elements");
-    verify(where, count, type, -1);
-    state_->make_nccl();
-    check_nccl(ncclAllGather(send, recv, count, nccl_type(type), state_->nccl, stream), "ncclAllGather");
-  });
-}
-
-namespace detail {
+namespace {
 
 // Completion of the work a stream holds when the operation is made (an event recorded there).
 class StreamEvent final : public PendingOperation {
@@ -176,54 +85,133 @@ class StreamEvent final : public PendingOperation {
   cudaEvent_t event_ = nullptr;
 };
 
-}  // namespace detail
+cudaStream_t stream_of(const MemoryAccess& access) { return static_cast<cudaStream_t>(access.stream); }
 
-Request Communicator::iall_reduce(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op,
-                                  bool hierarchical, cudaStream_t stream) const {
-  if (hierarchical) hierarchical_all_reduce(send, recv, count, type, op, stream);
-  else all_reduce(send, recv, count, type, op, stream);
-  std::unique_ptr<detail::PendingOperation> done;
-  guarded("longattn::parallel::Communicator::iall_reduce", [&] { done = std::make_unique<detail::StreamEvent>(stream); });
-  return Request(std::move(done));
-}
+class NcclTransport final : public MemoryTransport {
+ public:
+  explicit NcclTransport(const CommunicatorState& state)
+      : nccl_(make_comm(state.comm)), local_(make_comm(state.local)), cross_(make_comm(state.cross)) {}
+  ~NcclTransport() override {
+    for (ncclComm_t c : {cross_, local_, nccl_})
+      if (c) ncclCommDestroy(c);
+    if (scratch_) cudaFree(scratch_);
+    if (exchange_stream_) cudaStreamDestroy(exchange_stream_);
+  }
+  NcclTransport(const NcclTransport&) = delete;
+  NcclTransport& operator=(const NcclTransport&) = delete;
 
-Request Communicator::ireduce_scatter(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op,
-                                      cudaStream_t stream) const {
-  reduce_scatter(send, recv, count, type, op, stream);
-  std::unique_ptr<detail::PendingOperation> done;
-  guarded("longattn::parallel::Communicator::ireduce_scatter",
-          [&] { done = std::make_unique<detail::StreamEvent>(stream); });
-  return Request(std::move(done));
-}
+  void all_reduce(const Communicator& comm, const MemoryAccess& access, const void* send, void* recv,
+                  std::size_t count, DataType type, ReduceOp op, bool hierarchical) override {
+    if (hierarchical && comm.nodes() > 1 && comm.local_size() > 1 && comm.uniform_nodes())
+      return hierarchical_all_reduce(comm, stream_of(access), send, recv, count, type, op);
+    check_nccl(ncclAllReduce(send, recv, count, nccl_type(type), nccl_op(op), nccl_, stream_of(access)), "ncclAllReduce");
+  }
 
-// The exchange stream waits for what `stream` holds (the kernels that wrote the sends), runs the
-// group, and the Request waits for the exchange stream.
-Request Communicator::exchange(const std::vector<Transfer>& transfers, cudaStream_t stream) const {
-  const char* where = "longattn::parallel::Communicator::exchange";
-  std::unique_ptr<detail::PendingOperation> done;
-  guarded(where, [&] {
-    for (const Transfer& t : transfers) {
-      const bool sending = t.direction == Transfer::Direction::send;
-      require(t.count == 0 || t.data != nullptr, where, "data", "nullptr", "a device buffer");
-      require(t.peer >= 0 && t.peer < state_->size, where, sending ? "destination" : "source", t.peer,
-              "a rank from 0 to " + std::to_string(state_->size - 1));
-    }
-    state_->make_nccl();
-    if (!state_->exchange_stream)
-      check_cuda(cudaStreamCreateWithFlags(&state_->exchange_stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
-    const detail::StreamEvent written(stream);
-    check_cuda(cudaStreamWaitEvent(state_->exchange_stream, written.event(), 0), "cudaStreamWaitEvent");
+  void reduce_scatter(const Communicator&, const MemoryAccess& access, const void* send, void* recv,
+                      std::size_t count, DataType type, ReduceOp op) override {
+    check_nccl(ncclReduceScatter(send, recv, count, nccl_type(type), nccl_op(op), nccl_, stream_of(access)),
+               "ncclReduceScatter");
+  }
+
+  void all_gather(const Communicator&, const MemoryAccess& access, const void* send, void* recv, std::size_t count,
+                  DataType type) override {
+    check_nccl(ncclAllGather(send, recv, count, nccl_type(type), nccl_, stream_of(access)), "ncclAllGather");
+  }
+
+  Request iall_reduce(const Communicator& comm, const MemoryAccess& access, const void* send, void* recv,
+                      std::size_t count, DataType type, ReduceOp op, bool hierarchical) override {
+    all_reduce(comm, access, send, recv, count, type, op, hierarchical);
+    return Request(std::make_unique<StreamEvent>(stream_of(access)));
+  }
+
+  Request ireduce_scatter(const Communicator& comm, const MemoryAccess& access, const void* send, void* recv,
+                          std::size_t count, DataType type, ReduceOp op) override {
+    reduce_scatter(comm, access, send, recv, count, type, op);
+    return Request(std::make_unique<StreamEvent>(stream_of(access)));
+  }
+
+  // The exchange stream waits for what the caller's stream holds (the kernels that wrote the
+  // sends), runs the group, and the Request waits for the exchange stream.
+  Request exchange(const Communicator&, const MemoryAccess& access, const std::vector<Transfer>& transfers) override {
+    if (!exchange_stream_)
+      check_cuda(cudaStreamCreateWithFlags(&exchange_stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+    const StreamEvent written(stream_of(access));
+    check_cuda(cudaStreamWaitEvent(exchange_stream_, written.event(), 0), "cudaStreamWaitEvent");
     check_nccl(ncclGroupStart(), "ncclGroupStart");
     for (const Transfer& t : transfers) {
       if (t.direction == Transfer::Direction::send)
-        check_nccl(ncclSend(t.data, t.count, nccl_type(t.type), t.peer, state_->nccl, state_->exchange_stream), "ncclSend");
+        check_nccl(ncclSend(t.data, t.count, nccl_type(t.type), t.peer, nccl_, exchange_stream_), "ncclSend");
       else
-        check_nccl(ncclRecv(t.data, t.count, nccl_type(t.type), t.peer, state_->nccl, state_->exchange_stream), "ncclRecv");
+        check_nccl(ncclRecv(t.data, t.count, nccl_type(t.type), t.peer, nccl_, exchange_stream_), "ncclRecv");
     }
     check_nccl(ncclGroupEnd(), "ncclGroupEnd");
-    done = std::make_unique<detail::StreamEvent>(state_->exchange_stream);
-  });
-  return Request(std::move(done));
+    return Request(std::make_unique<StreamEvent>(exchange_stream_));
+  }
+
+ private:
+  // As on the host: reduce-scatter in the node, all-reduce across nodes, all-gather in the node.
+  // NCCL's reduce-scatter wants equal blocks, so a count that the node's ranks do not divide goes
+  // through a padded copy in the scratch buffer. An average averages at each stage: in the node
+  // over local_size, across nodes over nodes(), together over size().
+  void hierarchical_all_reduce(const Communicator& comm, cudaStream_t stream, const void* send, void* recv,
+                               std::size_t count, DataType type, ReduceOp op) {
+    const std::size_t L = std::size_t(comm.local_size()), block = (count + L - 1) / L, bytes = size_of(type);
+    const bool padded = block * L != count;
+    const std::size_t needed = (padded ? block * L : 0) * bytes + block * bytes;
+    if (scratch_bytes_ < needed) {
+      check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");  // the old scratch may be in use
+      if (scratch_) check_cuda(cudaFree(scratch_), "cudaFree");
+      scratch_ = nullptr;
+      check_cuda(cudaMalloc(&scratch_, needed), "cudaMalloc");
+      scratch_bytes_ = needed;
+    }
+    char* scratch = static_cast<char*>(scratch_);
+    char* full = padded ? scratch : static_cast<char*>(recv);  // the whole vector, padded if need be
+    char* mine = scratch + (padded ? block * L * bytes : 0);   // this rank's reduced block
+    const void* input = send;
+    if (padded) {
+      check_cuda(cudaMemcpyAsync(full, send, count * bytes, cudaMemcpyDeviceToDevice, stream), "cudaMemcpyAsync");
+      check_cuda(cudaMemsetAsync(full + count * bytes, 0, (block * L - count) * bytes, stream), "cudaMemsetAsync");
+      input = full;
+    }
+    const ncclDataType_t t = nccl_type(type);
+    check_nccl(ncclReduceScatter(input, mine, block, t, nccl_op(op), local_, stream), "ncclReduceScatter");
+    check_nccl(ncclAllReduce(mine, mine, block, t, nccl_op(op), cross_, stream), "ncclAllReduce");
+    check_nccl(ncclAllGather(mine, full, block, t, local_, stream), "ncclAllGather");
+    if (padded)
+      check_cuda(cudaMemcpyAsync(recv, full, count * bytes, cudaMemcpyDeviceToDevice, stream), "cudaMemcpyAsync");
+  }
+
+  ncclComm_t nccl_ = nullptr, local_ = nullptr, cross_ = nullptr;
+  // The hierarchical path's device scratch: grown as needed, reused in stream order (one
+  // stream per communicator, as NCCL wants its calls on a communicator in order anyway).
+  void* scratch_ = nullptr;
+  std::size_t scratch_bytes_ = 0;
+  // Exchanges run here, so that transfers overlap the kernels on the caller's stream.
+  cudaStream_t exchange_stream_ = nullptr;
+};
+
+}  // namespace
+
+std::unique_ptr<MemoryTransport> make_nccl_transport(const CommunicatorState& state) {
+  return std::make_unique<NcclTransport>(state);
 }
 
+// NCCL refuses two ranks of a communicator on one GPU (ncclCommInitRank: invalid usage): every
+// rank brings its GPU's PCI bus id, and every rank sees whether two are the same.
+bool every_rank_has_own_gpu(const CommunicatorState& state) {
+  int device = 0;
+  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+  constexpr int id_length = 32;
+  std::array<char, id_length> mine{};
+  check_cuda(cudaDeviceGetPCIBusId(mine.data(), id_length, device), "cudaDeviceGetPCIBusId");
+  std::vector<char> all(std::size_t(id_length) * std::size_t(state.size));
+  check_mpi(MPI_Allgather(mine.data(), id_length, MPI_CHAR, all.data(), id_length, MPI_CHAR, state.comm), "MPI_Allgather");
+  std::vector<std::string> ids;
+  for (int r = 0; r < state.size; ++r) ids.emplace_back(all.data() + std::size_t(r) * id_length);
+  std::sort(ids.begin(), ids.end());
+  return std::adjacent_find(ids.begin(), ids.end()) == ids.end();
+}
+
+}  // namespace detail
 }  // namespace longattn::parallel

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <numeric>
+#include <string>
 #include <vector>
 
 #include "execution_spaces.hpp"
@@ -294,10 +295,6 @@ TEMPLATE_LIST_TEST_CASE("Views are reduced in place", "[parallel][collectives]",
   using Exec = TestType;
   const std::uint64_t seed = shared_seed();
   const Communicator comm = Communicator::world(throwing_options(2));
-  if (!Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename Exec::memory_space>::accessible && comm.size() > 1) {
-    WARN("device memory goes through NCCL, which needs a GPU per rank: checked with one rank");
-    return;
-  }
   Kokkos::View<float*, typename Exec::memory_space> data("data", 999);
   const auto host = Kokkos::create_mirror_view(data);
   const auto mine = contribution<float>(seed, comm.rank(), 999);
@@ -311,6 +308,138 @@ TEMPLATE_LIST_TEST_CASE("Views are reduced in place", "[parallel][collectives]",
   Kokkos::View<float**, Kokkos::LayoutRight, typename Exec::memory_space> matrix("matrix", 4, 6);
   const auto strided = Kokkos::subview(matrix, Kokkos::ALL, 2);
   CHECK_THROWS_WITH(comm.all_reduce(Exec(), strided, ReduceOp::sum), Catch::Contains("expected a contiguous View"));
+}
+
+namespace {
+
+template <class T, class Exec>
+Kokkos::View<T*, typename Exec::memory_space> in_space(const std::vector<T>& values) {
+  Kokkos::View<T*, typename Exec::memory_space> v("values", values.size());
+  Kokkos::deep_copy(v, Kokkos::View<const T*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>(values.data(), values.size()));
+  return v;
+}
+
+template <class View>
+std::vector<typename View::non_const_value_type> on_host(const View& v) {
+  std::vector<typename View::non_const_value_type> values(v.size());
+  Kokkos::deep_copy(Kokkos::View<typename View::non_const_value_type*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>(
+                        values.data(), values.size()),
+                    v);
+  return values;
+}
+
+template <class T, class Exec>
+void check_staged_calls(const Communicator& comm, std::uint64_t seed, std::size_t largest) {
+  const Exec exec;
+  const int P = comm.size(), me = comm.rank();
+  const DataType type = data_type_of<T>();
+  for (const std::size_t count : {std::size_t(0), std::size_t(1), std::size_t(1001), std::size_t(65537)}) {
+    if (count > largest) break;
+    for (const ReduceOp op : {ReduceOp::sum, ReduceOp::average, ReduceOp::max})
+      for (const bool hierarchical : {false, true}) {
+        INFO("all_reduce of " << count << ", op " << to_string(op) << ", hierarchical " << hierarchical);
+        auto data = in_space<T, Exec>(contribution<T>(seed, me, count));
+        if (hierarchical) comm.hierarchical_all_reduce(exec, data, op);
+        else comm.all_reduce(exec, data, op);
+        CHECK(on_host(data) == serial<T>(seed, all_ranks(P), count, op));
+      }
+    INFO("count " << count);
+    // Two nonblocking all-reduces in flight, then a reduce-scatter in flight.
+    auto a = in_space<T, Exec>(contribution<T>(seed, me, count)), b = in_space<T, Exec>(contribution<T>(seed, me + P, count));
+    auto r1 = comm.iall_reduce(exec, a.data(), a.data(), count, type, ReduceOp::sum, false);
+    auto r2 = comm.iall_reduce(exec, b.data(), b.data(), count, type, ReduceOp::max, true);
+    r2.wait();
+    r1.wait();
+    std::vector<int> shifted;
+    for (int r = 0; r < P; ++r) shifted.push_back(r + P);
+    CHECK(on_host(a) == serial<T>(seed, all_ranks(P), count, ReduceOp::sum));
+    CHECK(on_host(b) == serial<T>(seed, shifted, count, ReduceOp::max));
+
+    auto blocks = in_space<T, Exec>(contribution<T>(seed, me, count * std::size_t(P)));
+    Kokkos::View<T*, typename Exec::memory_space> mine("mine", count), gathered("gathered", count * std::size_t(P));
+    auto scattering = comm.ireduce_scatter(exec, blocks.data(), mine.data(), count, type, ReduceOp::sum);
+    scattering.wait();
+    const auto sums = serial<T>(seed, all_ranks(P), count * std::size_t(P), ReduceOp::sum);
+    CHECK(on_host(mine) == std::vector<T>(sums.begin() + std::ptrdiff_t(count) * me, sums.begin() + std::ptrdiff_t(count) * (me + 1)));
+    Kokkos::deep_copy(mine, T(0.0f));
+    comm.reduce_scatter(exec, blocks.data(), mine.data(), count, type, ReduceOp::sum);
+    CHECK(on_host(mine) == std::vector<T>(sums.begin() + std::ptrdiff_t(count) * me, sums.begin() + std::ptrdiff_t(count) * (me + 1)));
+    comm.all_gather(exec, mine.data(), gathered.data(), count, type);
+    CHECK(on_host(gathered) == sums);
+
+    // An exchange around the ring: two messages each way of different lengths.
+    using longattn::parallel::Transfer;
+    const int next = (me + 1) % P, previous = (me + P - 1) % P;
+    auto out = in_space<T, Exec>(contribution<T>(seed, me, count + 3));
+    Kokkos::View<T*, typename Exec::memory_space> from_previous("from_previous", count), tail("tail", 3);
+    auto exchanged = comm.exchange(exec, {Transfer::send(out.data(), count, type, next),
+                                          Transfer::send(out.data() + count, 3, type, next),
+                                          Transfer::receive(from_previous.data(), count, type, previous),
+                                          Transfer::receive(tail.data(), 3, type, previous)});
+    exchanged.wait();
+    const auto sent = contribution<T>(seed, previous, count + 3);
+    CHECK(on_host(from_previous) == std::vector<T>(sent.begin(), sent.begin() + std::ptrdiff_t(count)));
+    CHECK(on_host(tail) == std::vector<T>(sent.begin() + std::ptrdiff_t(count), sent.end()));
+  }
+}
+
+}  // namespace
+
+// The staged transport (device memory to host copies, MPI, back) on every space the tests run:
+// on the host it runs the same staging code, in pieces of a few bytes to more than a message.
+TEMPLATE_LIST_TEST_CASE("the staged transport equals the serial results, in pieces of any size",
+                        "[parallel][collectives][staged]", longattn::test::MpiTestSpaces) {
+  using Exec = TestType;
+  const std::uint64_t seed = shared_seed();
+  INFO("seed " << seed);
+  for (const std::size_t chunk : {std::size_t(2), std::size_t(6), std::size_t(4096), std::size_t(1) << 22}) {
+    const std::size_t largest = chunk < 4096 ? 1001 : 65537;  // pieces of a few bytes: a few thousand
+    INFO("pieces of " << chunk << " bytes");
+    auto options = throwing_options(2);
+    options.transport = longattn::parallel::Transport::staged;
+    options.staging_chunk_bytes = chunk;
+    const Communicator comm = Communicator::world(options);
+    CHECK(comm.transport(Exec()) == longattn::parallel::Transport::staged);
+    check_staged_calls<float, Exec>(comm, seed, largest);
+    check_staged_calls<longattn::bfloat16, Exec>(comm, seed, largest);
+  }
+}
+
+TEMPLATE_LIST_TEST_CASE("the transport is chosen by the options, LONGATTN_TRANSPORT, and the memory",
+                        "[parallel][communicator]", longattn::test::MpiTestSpaces) {
+  using Exec = TestType;
+  using longattn::parallel::Transport;
+  constexpr bool device = !Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename Exec::memory_space>::accessible;
+  const char* set = std::getenv("LONGATTN_TRANSPORT");  // ctest's *_staged runs set it
+  const std::string outside = set ? set : "";
+  unsetenv("LONGATTN_TRANSPORT");
+  const Communicator automatic = Communicator::world(throwing_options());
+  const Transport chosen = automatic.transport(Exec());
+  CHECK(chosen != Transport::automatic);
+  if (!device) CHECK(chosen == Transport::mpi);
+  if (device && !LONGATTN_HAVE_NCCL) CHECK(chosen != Transport::nccl);
+
+  setenv("LONGATTN_TRANSPORT", "staged", 1);
+  CHECK(Communicator::world(throwing_options()).transport(Exec()) == Transport::staged);
+  auto mpi = throwing_options();
+  mpi.transport = Transport::mpi;  // the options win over the environment
+  const Communicator forced = Communicator::world(mpi);
+  if (!device) CHECK(forced.transport(Exec()) == Transport::mpi);
+  setenv("LONGATTN_TRANSPORT", "carrier pigeon", 1);
+  CHECK_THROWS_WITH(Communicator::world(throwing_options()),
+                    Catch::Contains("'LONGATTN_TRANSPORT' is \"carrier pigeon\"") &&
+                        Catch::Contains("automatic, mpi, staged or nccl"));
+  if (outside.empty()) unsetenv("LONGATTN_TRANSPORT");
+  else setenv("LONGATTN_TRANSPORT", outside.c_str(), 1);
+  if (!LONGATTN_HAVE_NCCL) {
+    auto nccl = throwing_options();
+    nccl.transport = Transport::nccl;
+    CHECK_THROWS_WITH(Communicator::world(nccl), Catch::Contains("'transport' is nccl") && Catch::Contains("no NCCL"));
+  }
+  setenv("LONGATTN_STAGING_CHUNK_BYTES", "-4", 1);
+  CHECK_THROWS_WITH(Communicator::world(throwing_options()),
+                    Catch::Contains("'LONGATTN_STAGING_CHUNK_BYTES' is \"-4\"") && Catch::Contains("positive number of bytes"));
+  unsetenv("LONGATTN_STAGING_CHUNK_BYTES");
 }
 
 TEST_CASE("bad arguments are longattn::Errors when every rank makes the same call", "[parallel][errors]") {

@@ -248,6 +248,7 @@ nlohmann::json TrainResult::to_json(const TrainConfig& c) const {
   j["config"]["tp"] = c.tp;
   j["config"]["sequence_parallel"] = c.sequence_parallel;
   j["grid"] = {{"dp", dp}, {"cp", cp}, {"tp", tp}};
+  j["transport"] = transport;
   j["micro_batches"] = micro_batches;
   j["parameters"] = parameters;
   j["model_state_bytes"] = model_state_bytes;
@@ -597,6 +598,7 @@ TrainResult train(const TrainConfig& config, const parallel::Communicator& world
   // The most nodes one tensor-parallel group spans (1: every group within a node, as it should).
   double tp_nodes = features ? features->communicator().nodes() : 1;
   world.all_reduce(&tp_nodes, &tp_nodes, 1, parallel::DataType::float64, parallel::ReduceOp::max);
+  result.transport = parallel::to_string(world.transport(Exec()));  // collective the first time on device memory
   if (out) {
     *out << "model     " << config.model.layers << " layers, embed " << config.model.embed << ", " << config.model.heads
          << " heads, context " << N << ", attention " << to_string(config.model.attention) << ": " << result.parameters
@@ -609,7 +611,7 @@ TrainResult train(const TrainConfig& config, const parallel::Communicator& world
                                                   std::to_string(config.data.queries) + " queries")
          << "\n"
          << "grid      " << world.size() << " ranks = dp " << dp << " x cp " << cp << " x tp " << tp
-         << (config.sequence_parallel ? " (sequence parallel)" : "") << "; "
+         << (config.sequence_parallel ? " (sequence parallel)" : "") << ", transport " << result.transport << "; "
          << config.batch
          << " sequences per step (" << config.batch * N << " tokens), " << micro_batches << " micro-batch"
          << (micro_batches > 1 ? "es" : "") << " of " << micro_batch << " per rank\n"

@@ -9,13 +9,19 @@
 //
 // A Communicator is a handle: copies share its MPI (and NCCL) communicators, freed with the last.
 //
-// Memory decides the transport: the calls that take an execution space instance move data in
-// its memory space - host memory through MPI (after exec.fence()), CUDA memory through NCCL on
-// exec's stream (stream-ordered: the call returns at once), in builds with LONGATTN_ENABLE_NCCL.
-// Raw pointers without an instance are host memory and take the MPI path directly.
+// The transport: calls with a raw pointer and no instance are host memory and go straight to
+// MPI. The calls that take an execution space instance move data in its memory space, by the
+// communicator's Transport (CommunicatorOptions::transport, or the environment variable
+// LONGATTN_TRANSPORT): host memory through MPI after exec.fence(); device memory, by default
+// (Transport::automatic), through NCCL on exec's stream (builds with LONGATTN_ENABLE_NCCL, every
+// rank on a GPU of its own), else MPI on the device pointers where MPI says it is GPU-aware
+// (MPIX_Query_cuda_support), else MPI on host copies (Transport::staged: device to pinned host
+// memory on exec, MPI, back to the device; all-reduces in chunks whose copies overlap the
+// messages of their neighbours). transport(exec) says which one a call on exec's memory takes.
+// Transport::staged on host memory copies too: it runs the staging code where there is no GPU.
 //
 // Point-to-point messages between buffers of a space travel in exchanges (exchange()): the
-// sends and receives a rank starts together, complete together. On CUDA memory an exchange is
+// sends and receives a rank starts together, complete together. Through NCCL an exchange is
 // one NCCL group on the communicator's own stream, and NCCL pairs messages by order, not tag,
 // and runs one exchange after the other. So a schedule must be one that every rank runs alike:
 // the same exchanges in the same order, each message in the same exchange as its partner, the
@@ -49,10 +55,7 @@
 #include "longattn/config.hpp"
 #include "longattn/core/half.hpp"
 #include "longattn/error.hpp"
-
-#if LONGATTN_HAVE_NCCL
-#include <nccl.h>
-#endif
+#include "longattn/memory/pooled_view.hpp"
 
 namespace longattn::parallel {
 
@@ -61,9 +64,20 @@ enum class ReduceOp { sum, average, max, min };
 // that add in float and round each result; NCCL has them natively.
 enum class DataType { float32, float64, int32, int64, uint8, bfloat16, float16 };
 enum class ErrorPolicy { abort, throw_error };
+// How calls on an instance's memory travel (the comment at the top).
+enum class Transport {
+  automatic,  // host memory: mpi; device memory: nccl where it can serve, else mpi where MPI is
+              // GPU-aware, else staged
+  mpi,        // MPI on the buffers themselves (device memory: only where MPI is GPU-aware)
+  staged,     // MPI on host copies (on host memory too: how the staging code is tested)
+  nccl,       // NCCL on exec's stream (device memory; builds with LONGATTN_ENABLE_NCCL)
+};
 
 std::string to_string(ReduceOp op);
 std::string to_string(DataType type);
+std::string to_string(Transport transport);  // "automatic", "mpi", "staged", "nccl"
+// The inverse of to_string; longattn::Error naming `what` otherwise.
+Transport parse_transport(const std::string& text, const char* what);
 std::size_t size_of(DataType type);
 
 template <class T>
@@ -90,6 +104,11 @@ struct CommunicatorOptions {
   // Host exchanges start only when the previous one has completed, as NCCL's on one stream do
   // (the GPU's schedule, checked on the host; slower: no two exchanges overlap).
   bool serialize_exchanges = false;
+  // automatic: LONGATTN_TRANSPORT when set ("mpi", "staged", "nccl"), else chosen as above.
+  Transport transport = Transport::automatic;
+  // The staged transport's all-reduce moves pieces of this many bytes (0: LONGATTN_STAGING_CHUNK_BYTES
+  // when set, else 4 MiB): one piece's copies overlap the next one's messages.
+  std::size_t staging_chunk_bytes = 0;
 };
 
 // One message of an exchange: `count` elements of `type` at `data`, to or from rank `peer`.
@@ -119,6 +138,85 @@ class PendingOperation {
   virtual bool test() = 0;  // progresses; true once complete
   virtual void wait() = 0;
 };
+
+// The staged transport's access to an execution space: copies between its memory and host
+// memory, ordered on the instance (on a GPU: after the kernels already started there), its
+// fence, and host buffers to stage in (pinned where the space has pinned host memory).
+class Staging {
+ public:
+  virtual ~Staging() = default;
+  virtual void to_host(void* host, const void* memory, std::size_t bytes) const = 0;
+  virtual void to_memory(void* memory, const void* host, std::size_t bytes) const = 0;
+  virtual void fence() const = 0;
+  // A host buffer of `bytes` from the default pool (communication buffers), valid while the
+  // returned owner lives; `data` points to it.
+  virtual std::shared_ptr<void> host_buffer(std::size_t bytes, void*& data) const = 0;
+};
+
+template <class Memory>
+struct HostStagingSpace {
+  using type = Kokkos::HostSpace;
+};
+#if defined(KOKKOS_ENABLE_CUDA)
+template <>
+struct HostStagingSpace<Kokkos::CudaSpace> {
+  using type = Kokkos::CudaHostPinnedSpace;
+};
+#endif
+#if defined(KOKKOS_ENABLE_HIP)
+template <>
+struct HostStagingSpace<Kokkos::Experimental::HIPSpace> {
+  using type = Kokkos::Experimental::HIPHostPinnedSpace;
+};
+#endif
+
+template <class ExecSpace>
+class SpaceStaging final : public Staging {
+  using Memory = typename ExecSpace::memory_space;
+  using Host = typename HostStagingSpace<Memory>::type;
+  template <class T, class Space>
+  using Bytes = Kokkos::View<T*, Space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+
+ public:
+  explicit SpaceStaging(const ExecSpace& exec) : exec_(exec) {}
+  void to_host(void* host, const void* memory, std::size_t bytes) const override {
+    Kokkos::deep_copy(exec_, Bytes<char, Host>(static_cast<char*>(host), bytes),
+                      Bytes<const char, Memory>(static_cast<const char*>(memory), bytes));
+  }
+  void to_memory(void* memory, const void* host, std::size_t bytes) const override {
+    Kokkos::deep_copy(exec_, Bytes<char, Memory>(static_cast<char*>(memory), bytes),
+                      Bytes<const char, Host>(static_cast<const char*>(host), bytes));
+  }
+  void fence() const override { exec_.fence(); }
+  std::shared_ptr<void> host_buffer(std::size_t bytes, void*& data) const override {
+    const memory::CategoryScope scope(memory::Category::communication_buffers);
+    auto buffer = std::make_shared<memory::PooledView<Kokkos::View<unsigned char*, Host>>>(
+        memory::default_pool<Host>(), bytes > 0 ? bytes : 1);
+    data = buffer->data();
+    return buffer;
+  }
+
+ private:
+  ExecSpace exec_;
+};
+
+// What a call on an instance's memory brings to its transport.
+struct MemoryAccess {
+  bool device_memory = false;  // not accessible from the host
+  std::shared_ptr<const Staging> staging;
+  void* stream = nullptr;  // the instance's cudaStream_t (Kokkos::Cuda), else null
+};
+
+template <class ExecSpace>
+MemoryAccess access_of(const ExecSpace& exec) {
+  MemoryAccess access;
+  access.device_memory = !Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename ExecSpace::memory_space>::accessible;
+  access.staging = std::make_shared<SpaceStaging<ExecSpace>>(exec);
+#if defined(KOKKOS_ENABLE_CUDA)
+  if constexpr (std::is_same_v<ExecSpace, Kokkos::Cuda>) access.stream = exec.cuda_stream();
+#endif
+  return access;
+}
 }  // namespace detail
 
 // A nonblocking operation in flight. wait() completes it; the destructor waits too, so that the
@@ -185,8 +283,8 @@ class Communicator {
   // Nonblocking reduce_scatter on host memory (send holds size() blocks of `count`).
   Request ireduce_scatter(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op) const;
 
-  // ---- memory of exec's space: host memory through MPI after exec.fence(); CUDA memory through
-  // NCCL on exec's stream (stream-ordered: later work on exec sees the result).
+  // ---- memory of exec's space, by the transport (the comment at the top): stream-ordered on a
+  // GPU through NCCL (later work on exec sees the result); otherwise done when the call returns.
   // Views (contiguous, reduced in place).
   template <class ExecSpace, class View>
   void all_reduce(const ExecSpace& exec, const View& data, ReduceOp op) const {
@@ -199,36 +297,37 @@ class Communicator {
   // Pointers into exec's memory space, as the host calls above.
   template <class ExecSpace>
   void all_gather(const ExecSpace& exec, const void* send, void* recv, std::size_t count, DataType type) const {
-    on_memory_of(exec, [&] { all_gather(send, recv, count, type); },
-                 [&](auto stream) { all_gather(send, recv, count, type, stream); });
+    all_gather_in(detail::access_of(exec), send, recv, count, type);
   }
   template <class ExecSpace>
   void reduce_scatter(const ExecSpace& exec, const void* send, void* recv, std::size_t count, DataType type,
                       ReduceOp op) const {
-    on_memory_of(exec, [&] { reduce_scatter(send, recv, count, type, op); },
-                 [&](auto stream) { reduce_scatter(send, recv, count, type, op, stream); });
+    reduce_scatter_in(detail::access_of(exec), send, recv, count, type, op);
   }
   // Nonblocking all-reduce (flat or hierarchical); the Request completes when the result is in
-  // `recv` (on a GPU: when the stream has got there).
+  // `recv` (through NCCL: when exec's stream has got there).
   template <class ExecSpace>
   Request iall_reduce(const ExecSpace& exec, const void* send, void* recv, std::size_t count, DataType type,
                       ReduceOp op, bool hierarchical) const {
-    return on_memory_of(exec, [&] { return iall_reduce(send, recv, count, type, op, hierarchical); },
-                        [&](auto stream) { return iall_reduce(send, recv, count, type, op, hierarchical, stream); });
+    return iall_reduce_in(detail::access_of(exec), send, recv, count, type, op, hierarchical);
   }
   // Nonblocking reduce_scatter; the Request completes when rank r's block is in `recv`.
   template <class ExecSpace>
   Request ireduce_scatter(const ExecSpace& exec, const void* send, void* recv, std::size_t count, DataType type,
                           ReduceOp op) const {
-    return on_memory_of(exec, [&] { return ireduce_scatter(send, recv, count, type, op); },
-                        [&](auto stream) { return ireduce_scatter(send, recv, count, type, op, stream); });
+    return ireduce_scatter_in(detail::access_of(exec), send, recv, count, type, op);
   }
   // Starts the transfers together (the rules above); the Request completes with the last. The
   // sends read their buffers after the work already started on exec.
   template <class ExecSpace>
   Request exchange(const ExecSpace& exec, const std::vector<Transfer>& transfers) const {
-    return on_memory_of(exec, [&] { return exchange(transfers); },
-                        [&](auto stream) { return exchange(transfers, stream); });
+    return exchange_in(detail::access_of(exec), transfers);
+  }
+  // The transport that calls on exec's memory take: never automatic. The first call for device
+  // memory decides where the choice is automatic, collectively (as the first such collective).
+  template <class ExecSpace>
+  Transport transport(const ExecSpace&) const {
+    return transport_for(!Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename ExecSpace::memory_space>::accessible);
   }
   // Host memory, without an instance.
   Request exchange(const std::vector<Transfer>& transfers) const;
@@ -273,22 +372,6 @@ class Communicator {
   };
   void require_same(const char* where, const std::vector<Agreed>& values) const;
 
-#if LONGATTN_HAVE_NCCL
-  // ---- CUDA memory (NCCL), stream-ordered on `stream`; the NCCL communicators are made on first
-  // use (the unique id goes out over MPI: collective over this communicator).
-  void all_reduce(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op, cudaStream_t stream) const;
-  void hierarchical_all_reduce(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op,
-                               cudaStream_t stream) const;
-  void reduce_scatter(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op,
-                      cudaStream_t stream) const;
-  void all_gather(const void* send, void* recv, std::size_t count, DataType type, cudaStream_t stream) const;
-  Request iall_reduce(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op, bool hierarchical,
-                      cudaStream_t stream) const;
-  Request ireduce_scatter(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op,
-                          cudaStream_t stream) const;
-  // One NCCL group on the communicator's exchange stream, after what `stream` holds now.
-  Request exchange(const std::vector<Transfer>& transfers, cudaStream_t stream) const;
-#endif
 
  private:
   explicit Communicator(std::shared_ptr<detail::CommunicatorState> state) : state_(std::move(state)) {}
@@ -296,23 +379,19 @@ class Communicator {
   void agree(const char* where, const std::string& error) const;
   void verify(const char* where, std::size_t count, DataType type, int op) const;
 
-  // Runs on_host() after exec.fence() when exec's memory is host memory, else
-  // on_device(exec's CUDA stream) (NCCL builds).
-  template <class ExecSpace, class OnHost, class OnDevice>
-  decltype(auto) on_memory_of(const ExecSpace& exec, OnHost&& on_host, [[maybe_unused]] OnDevice&& on_device) const {
-    using Memory = typename ExecSpace::memory_space;
-    if constexpr (Kokkos::SpaceAccessibility<Kokkos::HostSpace, Memory>::accessible) {
-      exec.fence();
-      return on_host();
-    } else {
-#if LONGATTN_HAVE_NCCL
-      return on_device(exec.cuda_stream());
-#else
-      static_assert(Kokkos::SpaceAccessibility<Kokkos::HostSpace, Memory>::accessible,
-                    "device memory needs the NCCL backend (LONGATTN_ENABLE_NCCL=ON)");
-#endif
-    }
-  }
+  // The calls on an instance's memory, by its transport (src/communicator.cpp chooses).
+  Transport transport_for(bool device_memory) const;
+  void all_reduce_in(const detail::MemoryAccess& access, const void* send, void* recv, std::size_t count, DataType type,
+                     ReduceOp op, bool hierarchical) const;
+  void reduce_scatter_in(const detail::MemoryAccess& access, const void* send, void* recv, std::size_t count,
+                         DataType type, ReduceOp op) const;
+  void all_gather_in(const detail::MemoryAccess& access, const void* send, void* recv, std::size_t count,
+                     DataType type) const;
+  Request iall_reduce_in(const detail::MemoryAccess& access, const void* send, void* recv, std::size_t count,
+                         DataType type, ReduceOp op, bool hierarchical) const;
+  Request ireduce_scatter_in(const detail::MemoryAccess& access, const void* send, void* recv, std::size_t count,
+                             DataType type, ReduceOp op) const;
+  Request exchange_in(const detail::MemoryAccess& access, const std::vector<Transfer>& transfers) const;
 
   template <class ExecSpace, class View>
   void reduce_view(const ExecSpace& exec, const View& data, ReduceOp op, bool hierarchical) const {
@@ -325,15 +404,8 @@ class Communicator {
     guarded(where, [&] {
       require(data.span_is_contiguous(), where, "data", data.label(), "a contiguous View");
     });
-    Value* p = data.data();
-    const std::size_t n = data.size();
-    on_memory_of(
-        exec, [&] { hierarchical ? hierarchical_all_reduce(p, p, n, data_type_of<Value>(), op)
-                                 : all_reduce(p, p, n, data_type_of<Value>(), op); },
-        [&](auto stream) {
-          hierarchical ? hierarchical_all_reduce(p, p, n, data_type_of<Value>(), op, stream)
-                       : all_reduce(p, p, n, data_type_of<Value>(), op, stream);
-        });
+    all_reduce_in(detail::access_of(exec), data.data(), data.data(), data.size(), data_type_of<Value>(), op,
+                  hierarchical);
   }
 
   std::shared_ptr<detail::CommunicatorState> state_;

@@ -131,6 +131,7 @@ struct EvalRecord {
 
 struct TrainResult {
   int dp = 1, cp = 1, tp = 1, first_step = 1;  // first_step > 1: resumed
+  std::string transport;               // of the collectives on the model's memory (parallel::Transport)
   std::int64_t micro_batches = 1;      // per step on each rank
   std::size_t parameters = 0;          // the whole model's
   std::size_t model_state_bytes = 0;   // parameters, their gradients and AdamW's state (its shard
