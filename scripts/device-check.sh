@@ -10,8 +10,8 @@
 #       under $OUT (default build/device-out) summary.txt and device-check.tar.gz, which holds
 #       gpu.txt, resources.txt, *.log, *.xml (JUnit), sdpa.json, ceilings.json, train_*.json and
 #       summary.txt. `kernels` runs steps 1-3 (they took 4 minutes on an H100, 2026-11-27),
-#       `tests` steps 1, 4 and 5 (1 minute there), `all` (the default) every step; $OUT keeps
-#       what finished if a call is cut.
+#       `tests` steps 1, 4, 5 and 6 (1 minute there without step 6, not yet run), `all` (the
+#       default) every step; $OUT keeps what finished if a call is cut.
 #
 # run, each step with its own time limit, going on after a failure and saying which failed:
 #   1. the GPU (nvidia-smi) and the tensor-core kernels' registers, stack and spills
@@ -27,7 +27,8 @@
 #      the 350M shape (24 layers, E 1024, 16 heads) at context 4096
 #   6. several ranks on the one GPU: NCCL refuses ranks that share a GPU, so the communicator
 #      chooses the staged transport (MPI on host copies); parallel at 2 and 4 ranks, train at 2
-#      and the ZeRO / tp cases at 4
+#      and the ZeRO / tp cases at 4; longattn-train at cp 2 and at dp 2 with ZeRO 2 (JSON: the
+#      share of a step spent in communication the compute did not hide)
 # It exits 0 when every step passed, 1 otherwise, 2 without a GPU.
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -178,6 +179,11 @@ EOF
     step parallel_np4 120 "${mpi[@]}" -n 4 "$bin/longattn_parallel_tests" --warn NoTests "* - 1"
     step train_np2 60 "${mpi[@]}" -n 2 "$bin/longattn_train_tests"
     step train_np4_zero 60 "${mpi[@]}" -n 4 "$bin/longattn_train_tests" "[zero],[tp]"
+    # Exposed communication (the JSON's communication_share) of 2 ranks on the one GPU, bf16.
+    step train_cp2 90 "${mpi[@]}" -n 2 "$bin/longattn-train" --precision bf16 --cp 2 --context 2048 --steps 10 \
+      --eval-every 0 --eval-batches 1 --warmup 2 --peak-gflops 989000 --json "$out/train_cp2.json"
+    step train_dp2_zero2 90 "${mpi[@]}" -n 2 "$bin/longattn-train" --precision bf16 --zero 2 --steps 10 \
+      --eval-every 0 --eval-batches 1 --warmup 2 --peak-gflops 989000 --json "$out/train_dp2_zero2.json"
   fi
 
   echo "== summary"

@@ -8,6 +8,7 @@
 //   longattn-train --task long_range --context 2048 --attention "block_sparse:pattern=local_window;radius=256"
 //   longattn-train --config train.json --checkpoint run.ckpt --resume --json summary.json
 #include <CLI/CLI.hpp>
+#include <cstdlib>
 #include <fstream>
 #include <iomanip>
 #include <iostream>
@@ -25,6 +26,9 @@ int main(int argc, char** argv) {
   longattn::ScopeGuard kokkos(argc, argv, {/*select_blas_kernels=*/true});
   longattn::parallel::CommunicatorOptions comm_options;
   comm_options.on_error = longattn::parallel::ErrorPolicy::throw_error;  // every rank fails alike; rank 0 reports
+  // A dead or hung rank ends the job instead of holding it to its time limit (the batch script
+  // restarts from the last checkpoint); LONGATTN_COLLECTIVE_TIMEOUT sets another limit.
+  if (!std::getenv("LONGATTN_COLLECTIVE_TIMEOUT")) comm_options.timeout_seconds = 1800;
   const auto world = longattn::parallel::Communicator::world(comm_options);
   const bool root = world.rank() == 0;
 

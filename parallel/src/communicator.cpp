@@ -2,6 +2,7 @@
 // error policy, and the one place that chooses the transport of calls on an instance's memory.
 #include "longattn/parallel/communicator.hpp"
 
+#include <algorithm>
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
@@ -85,6 +86,15 @@ std::shared_ptr<CommunicatorState> make_state(MPI_Comm parent, int node_label, c
   MPI_Comm_set_errhandler(s->comm, MPI_ERRORS_RETURN);
   check_mpi(MPI_Comm_rank(s->comm, &s->rank), "MPI_Comm_rank");
   check_mpi(MPI_Comm_size(s->comm, &s->size), "MPI_Comm_size");
+  // The name every member agrees on: the lowest world rank among them, and its count of
+  // communicators made before this one.
+  static std::int64_t made = 0;
+  int lowest[2] = {0, s->rank};  // world rank, rank in comm
+  MPI_Comm_rank(MPI_COMM_WORLD, &lowest[0]);
+  check_mpi(MPI_Allreduce(MPI_IN_PLACE, lowest, 1, MPI_2INT, MPI_MINLOC, s->comm), "MPI_Allreduce");
+  std::int64_t count = made++;
+  check_mpi(MPI_Bcast(&count, 1, MPI_INT64_T, lowest[1], s->comm), "MPI_Bcast");
+  s->id = (std::int64_t(lowest[0]) << 32) | count;
   if (node_label < 0)
     check_mpi(MPI_Comm_split_type(s->comm, MPI_COMM_TYPE_SHARED, s->rank, MPI_INFO_NULL, &s->local),
               "MPI_Comm_split_type");
@@ -187,6 +197,23 @@ CommunicatorOptions resolved(const CommunicatorOptions& options) {
     r.staging_chunk_bytes = std::size_t(value);
   }
   if (r.staging_chunk_bytes == 0) r.staging_chunk_bytes = std::size_t(4) << 20;
+  require(r.timeout_seconds >= 0, where, "timeout_seconds", r.timeout_seconds, "0 (no limit) or a number of seconds");
+  const char* timeout = std::getenv("LONGATTN_COLLECTIVE_TIMEOUT");
+  if (r.timeout_seconds == 0 && timeout && *timeout) {
+    char* end = nullptr;
+    const double value = std::strtod(timeout, &end);
+    if (*end != '\0' || !(value >= 0))
+      throw_invalid_argument(where, "LONGATTN_COLLECTIVE_TIMEOUT", std::string("\"") + timeout + "\"",
+                             "0 (no limit) or a number of seconds");
+    r.timeout_seconds = value;
+  }
+  const char* record = std::getenv("LONGATTN_RECORD_ISSUE_ORDER");
+  if (record && *record) {
+    const std::string text = record;
+    if (text != "0" && text != "1")
+      throw_invalid_argument(where, "LONGATTN_RECORD_ISSUE_ORDER", "\"" + text + "\"", "0 or 1");
+    r.record_issue_order = r.record_issue_order || text == "1";
+  }
   return r;
 }
 
@@ -252,7 +279,9 @@ void Communicator::abort(const std::string& message) const {
 
 void Communicator::agree(const char* where, const std::string& error) const {
   int first = error.empty() ? state_->size : state_->rank;
-  check_mpi(MPI_Allreduce(MPI_IN_PLACE, &first, 1, MPI_INT, MPI_MIN, state_->comm), "MPI_Allreduce");
+  detail::run("MPI_Iallreduce", state_->watch(where), [&](MPI_Request* r) {
+    return MPI_Iallreduce(MPI_IN_PLACE, &first, 1, MPI_INT, MPI_MIN, state_->comm, r);
+  });
   if (first == state_->size) return;
   std::string message = error;
   std::uint64_t length = message.size();
@@ -270,8 +299,13 @@ void Communicator::require_same(const char* where, const std::vector<Agreed>& va
   std::vector<std::int64_t> high(n), low(n);
   for (std::size_t i = 0; i < n; ++i) high[i] = low[i] = values[i].value;
   guarded(where, [&] {
-    check_mpi(MPI_Allreduce(MPI_IN_PLACE, high.data(), int(n), MPI_INT64_T, MPI_MAX, state_->comm), "MPI_Allreduce");
-    check_mpi(MPI_Allreduce(MPI_IN_PLACE, low.data(), int(n), MPI_INT64_T, MPI_MIN, state_->comm), "MPI_Allreduce");
+    const detail::Watch watch = state_->watch(where);
+    detail::run("MPI_Iallreduce", watch, [&](MPI_Request* r) {
+      return MPI_Iallreduce(MPI_IN_PLACE, high.data(), int(n), MPI_INT64_T, MPI_MAX, state_->comm, r);
+    });
+    detail::run("MPI_Iallreduce", watch, [&](MPI_Request* r) {
+      return MPI_Iallreduce(MPI_IN_PLACE, low.data(), int(n), MPI_INT64_T, MPI_MIN, state_->comm, r);
+    });
   });
   for (std::size_t i = 0; i < n; ++i)
     if (high[i] != low[i]) {
@@ -282,13 +316,135 @@ void Communicator::require_same(const char* where, const std::vector<Agreed>& va
     }
 }
 
-// With verify_collectives: every rank brings (count, type, op); a difference is an error on
-// every rank at once, so no rank is left waiting.
-void Communicator::verify(const char* where, std::size_t count, DataType type, int op) const {
-  if (!state_->options.verify_collectives) return;
-  require_same(where, {{"count", std::int64_t(count)}, {"type", std::int64_t(type)}, {"op", op}});
+// ------------------------------------------------------------------------------ issue order
+namespace {
+
+// This process's log of issued operations (record_issue_order), over all its communicators.
+struct Issued {
+  std::int64_t communicator, sequence, operation;  // operation: an index into operation_names
+};
+std::vector<Issued> issue_log;
+std::vector<std::string> operation_names;  // the `where` of each operation logged, in first-use order
+
+std::int64_t operation_index(const char* where) {
+  for (std::size_t i = 0; i < operation_names.size(); ++i)
+    if (operation_names[i] == where) return std::int64_t(i);
+  operation_names.emplace_back(where);
+  return std::int64_t(operation_names.size() - 1);
 }
 
+// "all_reduce #3 on communicator 0:2" (the lowest world rank of its members : its number there).
+std::string describe(const Issued& e, const std::vector<std::string>& names) {
+  const std::string name = e.operation >= 0 && std::size_t(e.operation) < names.size() ? names[std::size_t(e.operation)]
+                                                                                       : "an operation";
+  return name.substr(name.rfind(':') + 1) + " #" + std::to_string(e.sequence) + " on communicator " +
+         std::to_string(e.communicator >> 32) + ":" + std::to_string(e.communicator & 0xffffffff);
+}
+
+}  // namespace
+
+void Communicator::on_issue(const char* where, std::size_t count, DataType type, int op, bool collective) const {
+  if (state_->options.record_issue_order)
+    issue_log.push_back({state_->id, state_->issued, operation_index(where)});
+  ++state_->issued;
+  // With verify_collectives: every rank brings (count, type, op); a difference is an error on
+  // every rank at once, so no rank is left waiting.
+  if (collective && state_->options.verify_collectives)
+    require_same(where, {{"count", std::int64_t(count)}, {"type", std::int64_t(type)}, {"op", op}});
+}
+
+// Operation names travel as their text, so that each rank reads the others' indices.
+void Communicator::check_issue_order() const {
+  const char* where = "longattn::parallel::Communicator::check_issue_order";
+  if (!state_->options.record_issue_order) return;
+  const int P = state_->size;
+  const std::size_t ranks = std::size_t(P);
+  std::vector<std::vector<Issued>> logs(ranks);
+  std::vector<std::vector<std::string>> names(ranks);
+  guarded(where, [&] {
+    // Every rank's log: lengths, then the entries as int64 triples; then the names, joined by '\n'.
+    auto gather = [&](const std::vector<std::int64_t>& mine) {
+      std::int64_t length = std::int64_t(mine.size());
+      std::vector<std::int64_t> lengths(ranks);
+      detail::run("MPI_Iallgather", state_->watch(where), [&](MPI_Request* r) {
+        return MPI_Iallgather(&length, 1, MPI_INT64_T, lengths.data(), 1, MPI_INT64_T, state_->comm, r);
+      });
+      std::vector<int> counts(ranks), offsets(ranks);
+      int total = 0;
+      for (int p = 0; p < P; ++p) {
+        require(lengths[std::size_t(p)] <= INT_MAX - total, where, "the issue logs", lengths[std::size_t(p)],
+                "fewer than 2^31 entries in all (check more often)");
+        counts[std::size_t(p)] = int(lengths[std::size_t(p)]);
+        offsets[std::size_t(p)] = total;
+        total += counts[std::size_t(p)];
+      }
+      std::vector<std::int64_t> all(static_cast<std::size_t>(total));
+      detail::run("MPI_Iallgatherv", state_->watch(where), [&](MPI_Request* r) {
+        return MPI_Iallgatherv(mine.data(), int(mine.size()), MPI_INT64_T, all.data(), counts.data(), offsets.data(),
+                               MPI_INT64_T, state_->comm, r);
+      });
+      std::vector<std::vector<std::int64_t>> parts(ranks);
+      for (int p = 0; p < P; ++p)
+        parts[std::size_t(p)].assign(all.begin() + offsets[std::size_t(p)],
+                                     all.begin() + offsets[std::size_t(p)] + counts[std::size_t(p)]);
+      return parts;
+    };
+    std::vector<std::int64_t> entries;
+    for (const Issued& e : issue_log) entries.insert(entries.end(), {e.communicator, e.sequence, e.operation});
+    std::vector<std::int64_t> text;  // the names as characters, one per element (logs are small)
+    for (const std::string& n : operation_names) {
+      for (char c : n) text.push_back(c);
+      text.push_back('\n');
+    }
+    const auto all_entries = gather(entries), all_text = gather(text);
+    for (int p = 0; p < P; ++p) {
+      const auto& e = all_entries[std::size_t(p)];
+      for (std::size_t i = 0; i + 2 < e.size(); i += 3) logs[std::size_t(p)].push_back({e[i], e[i + 1], e[i + 2]});
+      std::string name;
+      for (std::int64_t c : all_text[std::size_t(p)]) {
+        if (c == '\n') names[std::size_t(p)].push_back(name), name.clear();
+        else name.push_back(char(c));
+      }
+    }
+  });
+  issue_log.clear();
+  // This rank against every other: the operations on the communicators both have used, in order.
+  checked(where, [&] {
+    const int me = state_->rank;
+    const auto& mine = logs[std::size_t(me)];
+    for (int p = 0; p < P; ++p) {
+      if (p == me) continue;
+      const auto& theirs = logs[std::size_t(p)];
+      auto used = [](const std::vector<Issued>& log) {
+        std::vector<std::int64_t> ids;
+        for (const Issued& e : log) ids.push_back(e.communicator);
+        std::sort(ids.begin(), ids.end());
+        ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+        return ids;
+      };
+      const auto in_mine = used(mine), in_theirs = used(theirs);
+      auto shared = [](const std::vector<Issued>& log, const std::vector<std::int64_t>& other) {
+        std::vector<Issued> kept;
+        for (const Issued& e : log)
+          if (std::binary_search(other.begin(), other.end(), e.communicator)) kept.push_back(e);
+        return kept;
+      };
+      const auto a = shared(mine, in_theirs), b = shared(theirs, in_mine);
+      for (std::size_t i = 0; i < std::max(a.size(), b.size()); ++i) {
+        const bool same = i < a.size() && i < b.size() && a[i].communicator == b[i].communicator &&
+                          a[i].sequence == b[i].sequence;
+        if (same) continue;
+        throw Error(std::string(where) + ": rank " + std::to_string(me) + " issued " +
+                    (i < a.size() ? describe(a[i], names[std::size_t(me)]) : "nothing more") + " where rank " +
+                    std::to_string(p) + " issued " +
+                    (i < b.size() ? describe(b[i], names[std::size_t(p)]) : "nothing more") + " (operation " +
+                    std::to_string(i + 1) +
+                    " on the communicators both use): two ranks must issue the operations on the communicators "
+                    "they share in the same order (NCCL can deadlock otherwise)");
+      }
+    }
+  });
+}
 
 // ------------------------------------------------------------------------------ transports
 // The one place that decides how calls on an instance's memory travel (communicator.hpp).
@@ -346,7 +502,7 @@ detail::MemoryTransport& implementation(detail::CommunicatorState& s, Transport 
 }  // namespace
 
 // Each call checks what every transport needs, then hands over. The MPI and staged transports
-// run the host collectives, which verify the arguments across ranks; NCCL's are verified here.
+// run the host collectives, which log and verify themselves (on_issue); NCCL's do so here.
 void Communicator::all_reduce_in(const detail::MemoryAccess& access, const void* send, void* recv, std::size_t count,
                                  DataType type, ReduceOp op, bool hierarchical) const {
   const char* where = hierarchical ? "longattn::parallel::Communicator::hierarchical_all_reduce"
@@ -354,7 +510,7 @@ void Communicator::all_reduce_in(const detail::MemoryAccess& access, const void*
   guarded(where, [&] {
     detail::check_buffers(where, send, recv, count, type, op);
     const Transport t = transport_for(access.device_memory);
-    if (t == Transport::nccl) verify(where, count, type, int(op));
+    if (t == Transport::nccl) on_issue(where, count, type, int(op));  // the others' host calls do
     implementation(*state_, t, access, type, true).all_reduce(*this, access, send, recv, count, type, op, hierarchical);
   });
 }
@@ -366,7 +522,7 @@ void Communicator::reduce_scatter_in(const detail::MemoryAccess& access, const v
     detail::check_buffers(where, send, recv, count, type, op);
     require(send != recv || count == 0, where, "recv", "the send buffer", "a buffer of its own");
     const Transport t = transport_for(access.device_memory);
-    if (t == Transport::nccl) verify(where, count, type, int(op));
+    if (t == Transport::nccl) on_issue(where, count, type, int(op));  // the others' host calls do
     implementation(*state_, t, access, type, true).reduce_scatter(*this, access, send, recv, count, type, op);
   });
 }
@@ -378,7 +534,7 @@ void Communicator::all_gather_in(const detail::MemoryAccess& access, const void*
     detail::check_buffers(where, send, recv, count, type, ReduceOp::sum);
     require(send != recv || count == 0, where, "recv", "the send buffer", "a buffer of its own");
     const Transport t = transport_for(access.device_memory);
-    if (t == Transport::nccl) verify(where, count, type, -1);
+    if (t == Transport::nccl) on_issue(where, count, type, -1);
     implementation(*state_, t, access, type, false).all_gather(*this, access, send, recv, count, type);
   });
 }
@@ -390,7 +546,7 @@ Request Communicator::iall_reduce_in(const detail::MemoryAccess& access, const v
   guarded(where, [&] {
     detail::check_buffers(where, send, recv, count, type, op);
     const Transport t = transport_for(access.device_memory);
-    if (t == Transport::nccl) verify(where, count, type, int(op));
+    if (t == Transport::nccl) on_issue(where, count, type, int(op));  // the others' host calls do
     request = implementation(*state_, t, access, type, true)
                   .iall_reduce(*this, access, send, recv, count, type, op, hierarchical);
   });
@@ -405,7 +561,7 @@ Request Communicator::ireduce_scatter_in(const detail::MemoryAccess& access, con
     detail::check_buffers(where, send, recv, count, type, op);
     require(send != recv || count == 0, where, "recv", "the send buffer", "a buffer of its own");
     const Transport t = transport_for(access.device_memory);
-    if (t == Transport::nccl) verify(where, count, type, int(op));
+    if (t == Transport::nccl) on_issue(where, count, type, int(op));  // the others' host calls do
     request = implementation(*state_, t, access, type, true).ireduce_scatter(*this, access, send, recv, count, type, op);
   });
   return request;
@@ -422,6 +578,7 @@ Request Communicator::exchange_in(const detail::MemoryAccess& access, const std:
               "a rank from 0 to " + std::to_string(state_->size - 1));
     }
     const Transport t = transport_for(access.device_memory);
+    if (t == Transport::nccl) on_issue(where, transfers.size(), DataType::uint8, -1, false);
     request = implementation(*state_, t, access, DataType::uint8, false).exchange(*this, access, transfers);
   });
   return request;

@@ -5,6 +5,7 @@
 #include <mpi.h>
 
 #include <array>
+#include <cstdint>
 #include <deque>
 #include <memory>
 #include <vector>
@@ -36,6 +37,26 @@ class MemoryTransport {
                            const std::vector<Transfer>& transfers) = 0;
 };
 
+// What the collective timeout needs to say when it ends the job (CommunicatorOptions::timeout_seconds).
+struct Watch {
+  double seconds = 0;  // 0: wait forever
+  int rank = 0, size = 1;
+  const char* what = "";
+};
+// Waits for `request`; with a timeout, polls it and past the deadline prints which call of which
+// rank timed out and ends the job (MPI_Abort), so that a dead or hung rank cannot hang the others.
+void wait_for(MPI_Request& request, const Watch& watch);  // mpi.cpp
+[[noreturn]] void timed_out(const Watch& watch);           // mpi.cpp
+void check_mpi(int code, const char* call);
+// A blocking collective as its nonblocking form and a wait under the watchdog:
+//   run("MPI_Iallreduce", watch, [&](MPI_Request* r) { return MPI_Iallreduce(..., r); });
+template <class Start>
+void run(const char* call, const Watch& watch, Start start) {
+  MPI_Request request = MPI_REQUEST_NULL;
+  check_mpi(start(&request), call);
+  wait_for(request, watch);
+}
+
 struct CommunicatorState;
 std::unique_ptr<MemoryTransport> make_mpi_transport();                              // mpi.cpp
 std::unique_ptr<MemoryTransport> make_staged_transport(std::size_t chunk_bytes);    // staged.cpp
@@ -59,10 +80,15 @@ struct CommunicatorState {
   std::shared_ptr<PendingOperation> last_exchange;  // what a serialized exchange waits for
   int rank = 0, size = 1, node = 0, nodes = 1, local_rank = 0, local_size = 1;
   bool uniform = true;             // every node has local_size ranks
+  // The same on every member: the lowest world rank among them and how many communicators it had
+  // made before (record_issue_order names communicators by it).
+  std::int64_t id = 0;
+  std::int64_t issued = 0;         // collectives and exchanges issued on it by this rank
   std::vector<int> node_of_rank;   // node of each rank of comm
   CommunicatorOptions options;     // with the environment applied (staging_chunk_bytes > 0)
   Transport device_transport = Transport::automatic;  // chosen on the first call on device memory
   std::array<std::unique_ptr<MemoryTransport>, 4> transports;  // by Transport, made on first use
+  Watch watch(const char* what) const { return {options.timeout_seconds, rank, size, what}; }
   ~CommunicatorState();
 };
 

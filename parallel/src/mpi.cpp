@@ -3,6 +3,7 @@
 // types and operations of bfloat16 and float16.
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <climits>
 #include <cstdio>
 #include <cstring>
@@ -23,6 +24,27 @@ void check_mpi(int code, const char* call) {
   int length = 0;
   MPI_Error_string(code, text.data(), &length);
   throw Error(std::string("longattn::parallel: ") + call + " failed: " + text.data());
+}
+
+void timed_out(const Watch& watch) {
+  std::fprintf(stderr,
+               "longattn::parallel: rank %d of %d: %s did not finish within %g s (the collective timeout): a rank of "
+               "its communicator died or hangs\n"
+               "longattn::parallel: aborting the job (MPI_Abort) so that its restart can take over\n",
+               watch.rank, watch.size, watch.what, watch.seconds);
+  std::fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, 1);
+  std::abort();  // MPI_Abort does not return
+}
+
+void wait_for(MPI_Request& request, const Watch& watch) {
+  if (watch.seconds <= 0) return check_mpi(MPI_Wait(&request, MPI_STATUS_IGNORE), "MPI_Wait");
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(watch.seconds);
+  for (int finished = 0;;) {
+    check_mpi(MPI_Test(&request, &finished, MPI_STATUS_IGNORE), "MPI_Test");
+    if (finished) return;
+    if (std::chrono::steady_clock::now() > deadline) timed_out(watch);
+  }
 }
 
 // MPI has no 16-bit floating types: bfloat16 and float16 travel as MPI types of our own (two
@@ -195,7 +217,7 @@ class HierarchicalStages final : public PendingOperation {
   bool advance(bool blocking) {
     while (stage_ < done) {
       int finished = 1;
-      if (blocking) check_mpi(MPI_Wait(&request_, MPI_STATUS_IGNORE), "MPI_Wait");
+      if (blocking) wait_for(request_, state_->watch("the nonblocking hierarchical all-reduce"));
       else check_mpi(MPI_Test(&request_, &finished, MPI_STATUS_IGNORE), "MPI_Test");
       if (!finished) return false;
       ++stage_;
@@ -244,9 +266,9 @@ class HierarchicalStages final : public PendingOperation {
 // One MPI request (point-to-point, a flat nonblocking all-reduce), with the average's scaling.
 class SingleRequest final : public PendingOperation {
  public:
-  SingleRequest(MPI_Request request, void* scale_data = nullptr, std::size_t count = 0,
+  SingleRequest(MPI_Request request, const Watch& watch, void* scale_data = nullptr, std::size_t count = 0,
                 DataType type = DataType::float32, int ranks = 1)
-      : request_(request), scale_data_(scale_data), count_(count), type_(type), ranks_(ranks) {}
+      : request_(request), watch_(watch), scale_data_(scale_data), count_(count), type_(type), ranks_(ranks) {}
   ~SingleRequest() override {
     if (request_ != MPI_REQUEST_NULL) MPI_Wait(&request_, MPI_STATUS_IGNORE);
   }
@@ -259,7 +281,7 @@ class SingleRequest final : public PendingOperation {
   }
   void wait() override {
     if (request_ == MPI_REQUEST_NULL) return;
-    check_mpi(MPI_Wait(&request_, MPI_STATUS_IGNORE), "MPI_Wait");
+    wait_for(request_, watch_);
     complete();
   }
 
@@ -269,6 +291,7 @@ class SingleRequest final : public PendingOperation {
     scale_data_ = nullptr;
   }
   MPI_Request request_;
+  Watch watch_;
   void* scale_data_;
   std::size_t count_;
   DataType type_;
@@ -316,13 +339,15 @@ void Communicator::all_reduce(const void* send, void* recv, std::size_t count, D
   const char* where = "longattn::parallel::Communicator::all_reduce";
   guarded(where, [&] {
     check_buffers(where, send, recv, count, type, op);
-    verify(where, count, type, int(op));
+    on_issue(where, count, type, int(op));
     const std::size_t bytes = size_of(type);
     for (std::size_t first = 0; first < count; first += detail::max_piece) {
       const int n = int(std::min(detail::max_piece, count - first));
       auto* out = static_cast<char*>(recv) + first * bytes;
       const void* in = send == recv ? MPI_IN_PLACE : static_cast<const char*>(send) + first * bytes;
-      check_mpi(MPI_Allreduce(in, out, n, mpi_type(type), mpi_op(op, type), state_->comm), "MPI_Allreduce");
+      detail::run("MPI_Iallreduce", state_->watch(where), [&](MPI_Request* r) {
+        return MPI_Iallreduce(in, out, n, mpi_type(type), mpi_op(op, type), state_->comm, r);
+      });
     }
     if (op == ReduceOp::average) detail::scale(recv, count, type, state_->size);
   });
@@ -334,7 +359,8 @@ void Communicator::hierarchical_all_reduce(const void* send, void* recv, std::si
   if (state_->nodes == 1 || state_->local_size == 1 || !state_->uniform) return all_reduce(send, recv, count, type, op);
   guarded(where, [&] {
     check_buffers(where, send, recv, count, type, op);
-    verify(where, count, type, int(op));
+    on_issue(where, count, type, int(op));
+    const detail::Watch watch = state_->watch(where);
     const std::size_t bytes = size_of(type);
     const MPI_Datatype t = mpi_type(type);
     const std::size_t piece_elements = detail::max_piece * std::size_t(state_->local_size);
@@ -345,12 +371,16 @@ void Communicator::hierarchical_all_reduce(const void* send, void* recv, std::si
       const auto block = detail::scratch_block(std::size_t(blocks.counts[0]) * bytes);
       const void* in = static_cast<const char*>(send) + first * bytes;
       void* out = static_cast<char*>(recv) + first * bytes;
-      check_mpi(MPI_Reduce_scatter(in, block.data(), blocks.counts.data(), t, mpi_op(op, type), state_->local),
-                "MPI_Reduce_scatter");
-      check_mpi(MPI_Allreduce(MPI_IN_PLACE, block.data(), mine, t, mpi_op(op, type), state_->cross), "MPI_Allreduce");
-      check_mpi(MPI_Allgatherv(block.data(), mine, t, out, blocks.counts.data(), blocks.displacements.data(), t,
-                               state_->local),
-                "MPI_Allgatherv");
+      detail::run("MPI_Ireduce_scatter", watch, [&](MPI_Request* r) {
+        return MPI_Ireduce_scatter(in, block.data(), blocks.counts.data(), t, mpi_op(op, type), state_->local, r);
+      });
+      detail::run("MPI_Iallreduce", watch, [&](MPI_Request* r) {
+        return MPI_Iallreduce(MPI_IN_PLACE, block.data(), mine, t, mpi_op(op, type), state_->cross, r);
+      });
+      detail::run("MPI_Iallgatherv", watch, [&](MPI_Request* r) {
+        return MPI_Iallgatherv(block.data(), mine, t, out, blocks.counts.data(), blocks.displacements.data(), t,
+                               state_->local, r);
+      });
     }
     if (op == ReduceOp::average) detail::scale(recv, count, type, state_->size);
   });
@@ -362,9 +392,10 @@ void Communicator::reduce_scatter(const void* send, void* recv, std::size_t coun
     check_buffers(where, send, recv, count, type, op);
     require(send != recv || count == 0, where, "recv", "the send buffer", "a buffer of its own");
     require(count <= std::size_t(INT_MAX), where, "count", count, "at most 2^31 - 1 elements per rank");
-    verify(where, count, type, int(op));
-    check_mpi(MPI_Reduce_scatter_block(send, recv, int(count), mpi_type(type), mpi_op(op, type), state_->comm),
-              "MPI_Reduce_scatter_block");
+    on_issue(where, count, type, int(op));
+    detail::run("MPI_Ireduce_scatter_block", state_->watch(where), [&](MPI_Request* r) {
+      return MPI_Ireduce_scatter_block(send, recv, int(count), mpi_type(type), mpi_op(op, type), state_->comm, r);
+    });
     if (op == ReduceOp::average) detail::scale(recv, count, type, state_->size);
   });
 }
@@ -375,9 +406,10 @@ void Communicator::all_gather(const void* send, void* recv, std::size_t count, D
     check_buffers(where, send, recv, count, type, ReduceOp::sum);
     require(send != recv || count == 0, where, "recv", "the send buffer", "a buffer of its own");
     require(count <= std::size_t(INT_MAX), where, "count", count, "at most 2^31 - 1 elements per rank");
-    verify(where, count, type, -1);
-    check_mpi(MPI_Allgather(send, int(count), mpi_type(type), recv, int(count), mpi_type(type), state_->comm),
-              "MPI_Allgather");
+    on_issue(where, count, type, -1);
+    detail::run("MPI_Iallgather", state_->watch(where), [&](MPI_Request* r) {
+      return MPI_Iallgather(send, int(count), mpi_type(type), recv, int(count), mpi_type(type), state_->comm, r);
+    });
   });
 }
 
@@ -387,13 +419,19 @@ void Communicator::broadcast(void* data, std::size_t count, DataType type, int r
     require(count == 0 || data != nullptr, where, "data", "nullptr", "a buffer of " + std::to_string(count) + " elements");
     require(root >= 0 && root < state_->size, where, "root", root, "a rank from 0 to " + std::to_string(state_->size - 1));
     require(count <= std::size_t(INT_MAX), where, "count", count, "at most 2^31 - 1 elements");
-    verify(where, count, type, root);
-    check_mpi(MPI_Bcast(data, int(count), mpi_type(type), root, state_->comm), "MPI_Bcast");
+    on_issue(where, count, type, root);
+    detail::run("MPI_Ibcast", state_->watch(where), [&](MPI_Request* r) {
+      return MPI_Ibcast(data, int(count), mpi_type(type), root, state_->comm, r);
+    });
   });
 }
 
 void Communicator::barrier() const {
-  guarded("longattn::parallel::Communicator::barrier", [&] { check_mpi(MPI_Barrier(state_->comm), "MPI_Barrier"); });
+  const char* where = "longattn::parallel::Communicator::barrier";
+  guarded(where, [&] {
+    on_issue(where, 0, DataType::uint8, -1);
+    detail::run("MPI_Ibarrier", state_->watch(where), [&](MPI_Request* r) { return MPI_Ibarrier(state_->comm, r); });
+  });
 }
 
 namespace {
@@ -415,7 +453,7 @@ Request Communicator::isend(const void* data, std::size_t count, DataType type, 
     check_message(where, data, count, "destination", destination, state_->size, tag);
     check_mpi(MPI_Isend(data, int(count), mpi_type(type), destination, tag, state_->comm, &request), "MPI_Isend");
   });
-  return Request(std::make_unique<detail::SingleRequest>(request));
+  return Request(std::make_unique<detail::SingleRequest>(request, state_->watch(where)));
 }
 
 Request Communicator::irecv(void* data, std::size_t count, DataType type, int source, int tag) const {
@@ -425,13 +463,14 @@ Request Communicator::irecv(void* data, std::size_t count, DataType type, int so
     check_message(where, data, count, "source", source, state_->size, tag);
     check_mpi(MPI_Irecv(data, int(count), mpi_type(type), source, tag, state_->comm, &request), "MPI_Irecv");
   });
-  return Request(std::make_unique<detail::SingleRequest>(request));
+  return Request(std::make_unique<detail::SingleRequest>(request, state_->watch(where)));
 }
 
 Request Communicator::exchange(const std::vector<Transfer>& transfers) const {
   const char* where = "longattn::parallel::Communicator::exchange";
   std::vector<std::unique_ptr<detail::PendingOperation>> parts;
   guarded(where, [&] {
+    on_issue(where, transfers.size(), DataType::uint8, -1, false);
     if (state_->options.serialize_exchanges && state_->last_exchange) state_->last_exchange->wait();
     for (const Transfer& t : transfers) {
       const bool sending = t.direction == Transfer::Direction::send;
@@ -444,7 +483,7 @@ Request Communicator::exchange(const std::vector<Transfer>& transfers) const {
       else
         check_mpi(MPI_Irecv(t.data, int(t.count), mpi_type(t.type), t.peer, detail::exchange_tag, state_->comm, &request),
                   "MPI_Irecv");
-      parts.push_back(std::make_unique<detail::SingleRequest>(request));
+      parts.push_back(std::make_unique<detail::SingleRequest>(request, state_->watch(where)));
     }
   });
   auto operation = std::make_shared<detail::OperationGroup>(std::move(parts));
@@ -458,7 +497,7 @@ Request Communicator::iall_reduce(const void* send, void* recv, std::size_t coun
   std::vector<std::unique_ptr<detail::PendingOperation>> parts;
   guarded(where, [&] {
     check_buffers(where, send, recv, count, type, op);
-    verify(where, count, type, int(op));
+    on_issue(where, count, type, int(op));
     const bool staged = hierarchical && state_->nodes > 1 && state_->local_size > 1 && state_->uniform;
     const std::size_t bytes = size_of(type);
     const std::size_t piece = staged ? detail::max_piece * std::size_t(state_->local_size) : detail::max_piece;
@@ -473,8 +512,9 @@ Request Communicator::iall_reduce(const void* send, void* recv, std::size_t coun
         check_mpi(MPI_Iallreduce(send == recv ? MPI_IN_PLACE : in, out, int(n), mpi_type(type), mpi_op(op, type), state_->comm,
                                  &request),
                   "MPI_Iallreduce");
-        parts.push_back(std::make_unique<detail::SingleRequest>(request, op == ReduceOp::average ? out : nullptr, n,
-                                                                type, state_->size));
+        parts.push_back(std::make_unique<detail::SingleRequest>(request, state_->watch(where),
+                                                                op == ReduceOp::average ? out : nullptr, n, type,
+                                                                state_->size));
       }
     }
   });
@@ -490,14 +530,14 @@ Request Communicator::ireduce_scatter(const void* send, void* recv, std::size_t 
     check_buffers(where, send, recv, count, type, op);
     require(send != recv || count == 0, where, "recv", "the send buffer", "a buffer of its own");
     require(count <= std::size_t(INT_MAX), where, "count", count, "at most 2^31 - 1 elements per rank");
-    verify(where, count, type, int(op));
+    on_issue(where, count, type, int(op));
     check_mpi(MPI_Ireduce_scatter_block(send, recv, int(count), mpi_type(type), mpi_op(op, type), state_->comm, &request),
               "MPI_Ireduce_scatter_block");
   });
-  return Request(std::make_unique<detail::SingleRequest>(request, op == ReduceOp::average ? recv : nullptr, count, type,
+  return Request(std::make_unique<detail::SingleRequest>(request, state_->watch(where),
+                                                         op == ReduceOp::average ? recv : nullptr, count, type,
                                                          state_->size));
 }
-
 
 // ------------------------------------------------------------------------------ the transport
 namespace detail {

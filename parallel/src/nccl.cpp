@@ -7,7 +7,10 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "communicator_state.hpp"
 
@@ -63,9 +66,12 @@ namespace detail {
 namespace {
 
 // Completion of the work a stream holds when the operation is made (an event recorded there).
+// With a timeout, a wait past it aborts the NCCL communicators given (ncclCommAbort: their
+// kernels stop) and ends the job.
 class StreamEvent final : public PendingOperation {
  public:
-  explicit StreamEvent(cudaStream_t stream) {
+  explicit StreamEvent(cudaStream_t stream, const Watch& watch = {}, std::vector<ncclComm_t> abort_on_timeout = {})
+      : watch_(watch), abort_on_timeout_(std::move(abort_on_timeout)) {
     check_cuda(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming), "cudaEventCreateWithFlags");
     check_cuda(cudaEventRecord(event_, stream), "cudaEventRecord");
   }
@@ -78,11 +84,23 @@ class StreamEvent final : public PendingOperation {
     check_cuda(status, "cudaEventQuery");
     return true;
   }
-  void wait() override { check_cuda(cudaEventSynchronize(event_), "cudaEventSynchronize"); }
+  void wait() override {
+    if (watch_.seconds <= 0) return check_cuda(cudaEventSynchronize(event_), "cudaEventSynchronize");
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(watch_.seconds);
+    while (!test()) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        for (ncclComm_t c : abort_on_timeout_) ncclCommAbort(c);
+        timed_out(watch_);
+      }
+      std::this_thread::yield();
+    }
+  }
   cudaEvent_t event() const { return event_; }
 
  private:
   cudaEvent_t event_ = nullptr;
+  Watch watch_;
+  std::vector<ncclComm_t> abort_on_timeout_;
 };
 
 cudaStream_t stream_of(const MemoryAccess& access) { return static_cast<cudaStream_t>(access.stream); }
@@ -121,18 +139,18 @@ class NcclTransport final : public MemoryTransport {
   Request iall_reduce(const Communicator& comm, const MemoryAccess& access, const void* send, void* recv,
                       std::size_t count, DataType type, ReduceOp op, bool hierarchical) override {
     all_reduce(comm, access, send, recv, count, type, op, hierarchical);
-    return Request(std::make_unique<StreamEvent>(stream_of(access)));
+    return Request(std::make_unique<StreamEvent>(stream_of(access), watch(comm, "iall_reduce"), communicators()));
   }
 
   Request ireduce_scatter(const Communicator& comm, const MemoryAccess& access, const void* send, void* recv,
                           std::size_t count, DataType type, ReduceOp op) override {
     reduce_scatter(comm, access, send, recv, count, type, op);
-    return Request(std::make_unique<StreamEvent>(stream_of(access)));
+    return Request(std::make_unique<StreamEvent>(stream_of(access), watch(comm, "ireduce_scatter"), communicators()));
   }
 
   // The exchange stream waits for what the caller's stream holds (the kernels that wrote the
   // sends), runs the group, and the Request waits for the exchange stream.
-  Request exchange(const Communicator&, const MemoryAccess& access, const std::vector<Transfer>& transfers) override {
+  Request exchange(const Communicator& comm, const MemoryAccess& access, const std::vector<Transfer>& transfers) override {
     if (!exchange_stream_)
       check_cuda(cudaStreamCreateWithFlags(&exchange_stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
     const StreamEvent written(stream_of(access));
@@ -145,10 +163,15 @@ class NcclTransport final : public MemoryTransport {
         check_nccl(ncclRecv(t.data, t.count, nccl_type(t.type), t.peer, nccl_, exchange_stream_), "ncclRecv");
     }
     check_nccl(ncclGroupEnd(), "ncclGroupEnd");
-    return Request(std::make_unique<StreamEvent>(exchange_stream_));
+    return Request(std::make_unique<StreamEvent>(exchange_stream_, watch(comm, "exchange"), communicators()));
   }
 
  private:
+  static Watch watch(const Communicator& comm, const char* what) {
+    return {comm.options().timeout_seconds, comm.rank(), comm.size(), what};
+  }
+  std::vector<ncclComm_t> communicators() const { return {nccl_, local_, cross_}; }
+
   // As on the host: reduce-scatter in the node, all-reduce across nodes, all-gather in the node.
   // NCCL's reduce-scatter wants equal blocks, so a count that the node's ranks do not divide goes
   // through a padded copy in the scratch buffer. An average averages at each stage: in the node

@@ -442,6 +442,36 @@ TEMPLATE_LIST_TEST_CASE("the transport is chosen by the options, LONGATTN_TRANSP
   unsetenv("LONGATTN_STAGING_CHUNK_BYTES");
 }
 
+// Two communicators of the same ranks, a nonblocking all-reduce on each: MPI completes them in
+// either order, NCCL could deadlock when ranks issue them in different orders.
+TEST_CASE("check_issue_order passes one order on every rank and names the first difference of a planted one",
+          "[parallel][communicator][issue_order]") {
+  if (!longattn::test::several_ranks()) return;
+  auto options = throwing_options();
+  options.record_issue_order = true;
+  const Communicator a = Communicator::world(options), b = a.split(0, a.rank());
+  std::vector<float> x(100, 1.0f), y(100, 2.0f);
+  for (const bool planted : {false, true}) {
+    INFO("planted " << planted);
+    const bool swap = planted && a.rank() == 1;  // rank 1 issues b's before a's
+    const Communicator& first = swap ? b : a;
+    const Communicator& second = swap ? a : b;
+    auto r1 = first.iall_reduce(x.data(), x.data(), x.size(), DataType::float32, ReduceOp::max);
+    auto r2 = second.iall_reduce(y.data(), y.data(), y.size(), DataType::float32, ReduceOp::max);
+    r1.wait();
+    r2.wait();
+    if (!planted) {
+      CHECK_NOTHROW(a.check_issue_order());
+      continue;
+    }
+    CHECK_THROWS_WITH(a.check_issue_order(),
+                      Catch::Contains("issued iall_reduce #") && Catch::Contains("where rank") &&
+                          Catch::Contains("(operation 1 on the communicators both use)") &&
+                          Catch::Contains("must issue the operations on the communicators they share in the same order"));
+  }
+  CHECK_NOTHROW(a.check_issue_order());  // the logs started afresh
+}
+
 TEST_CASE("bad arguments are longattn::Errors when every rank makes the same call", "[parallel][errors]") {
   const Communicator comm = Communicator::world(throwing_options());
   float x[4] = {};

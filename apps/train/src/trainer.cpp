@@ -798,6 +798,7 @@ TrainResult train(const TrainConfig& config, const parallel::Communicator& world
     mine.insert(mine.end(), phases.begin(), phases.end());
     std::vector<double> most(mine.size());
     world.all_reduce(mine.data(), most.data(), mine.size(), parallel::DataType::float64, parallel::ReduceOp::max);
+    world.check_issue_order();  // with LONGATTN_RECORD_ISSUE_ORDER=1: the step's schedule alike on every rank
     result.memory_by_category.clear();
     for (int c = 0; c < memory::category_count; ++c)
       result.memory_by_category.emplace_back(memory::to_string(memory::Category(c)), std::size_t(most[std::size_t(3 + c)]));

@@ -29,6 +29,13 @@
 // same way (one MPI tag), and CommunicatorOptions::serialize_exchanges makes each wait for the
 // one before as the stream does: a schedule that passes the tests so also runs under NCCL.
 //
+// Issue order: NCCL runs the operations of one communicator in the order they are issued, and
+// warns that communicators used concurrently can deadlock when their kernels interleave
+// differently on different GPUs. longattn's rule is that every rank issues the operations on
+// the communicators it shares with another rank in the same order as that rank (each rank runs
+// the same program: the buckets' all-reduces start in backward's order, the ring's exchanges in
+// the schedule's). CommunicatorOptions::record_issue_order and check_issue_order() check it.
+//
 // Nodes: ranks that share memory (MPI_Comm_split_type), or simulated with
 // CommunicatorOptions::ranks_per_node or the environment variable LONGATTN_RANKS_PER_NODE
 // (4 ranks as 2 nodes x 2 on one machine), which is how the hierarchical path is tested.
@@ -109,6 +116,14 @@ struct CommunicatorOptions {
   // The staged transport's all-reduce moves pieces of this many bytes (0: LONGATTN_STAGING_CHUNK_BYTES
   // when set, else 4 MiB): one piece's copies overlap the next one's messages.
   std::size_t staging_chunk_bytes = 0;
+  // The watchdog: a collective, exchange or request wait on MPI (host memory, the staged and mpi
+  // transports) or NCCL not done after this many seconds prints which and ends the job
+  // (MPI_Abort; through NCCL ncclCommAbort first), so that a rank that died or hangs leaves no
+  // job hanging until its time limit. 0: LONGATTN_COLLECTIVE_TIMEOUT when set, else no limit.
+  double timeout_seconds = 0;
+  // Record the order in which this rank issues collectives and exchanges, for
+  // check_issue_order() (or LONGATTN_RECORD_ISSUE_ORDER=1).
+  bool record_issue_order = false;
 };
 
 // One message of an exchange: `count` elements of `type` at `data`, to or from rank `peer`.
@@ -364,6 +379,15 @@ class Communicator {
     agree(where, error);
   }
 
+  // Issue order (the comment at the top: NCCL can deadlock when ranks issue operations on the
+  // communicators they share in different orders). With record_issue_order, every rank logs the
+  // collectives and exchanges it issues on any communicator; this call (collective over this
+  // communicator, normally the world) compares the logs: for every two ranks, the operations
+  // each issued on the communicators both belong to must come in the same order. Otherwise every
+  // rank fails by the error policy, naming the two ranks and the first operations that differ.
+  // Then the logs start afresh. Without record_issue_order it does nothing.
+  void check_issue_order() const;
+
   // Values that must be equal on every rank (the arguments of a collective plan): otherwise every
   // rank fails by the error policy, naming the first value that differs and its range.
   struct Agreed {
@@ -377,7 +401,9 @@ class Communicator {
   explicit Communicator(std::shared_ptr<detail::CommunicatorState> state) : state_(std::move(state)) {}
   [[noreturn]] void fail(const char* where, const std::string& message) const;
   void agree(const char* where, const std::string& error) const;
-  void verify(const char* where, std::size_t count, DataType type, int op) const;
+  // Every collective and exchange begins here: logged with record_issue_order; with
+  // verify_collectives its arguments compared across ranks (collectives only).
+  void on_issue(const char* where, std::size_t count, DataType type, int op, bool collective = true) const;
 
   // The calls on an instance's memory, by its transport (src/communicator.cpp chooses).
   Transport transport_for(bool device_memory) const;
