@@ -12,15 +12,25 @@ foreach(package Kokkos KokkosKernels)
   endif()
 endforeach()
 
-if(LONGATTN_ENABLE_CUDA AND NOT "CUDA" IN_LIST Kokkos_DEVICES)
-  message(FATAL_ERROR "LONGATTN_ENABLE_CUDA=ON but the Kokkos found in ${Kokkos_DIR} has no CUDA "
-                      "backend (Kokkos_DEVICES=${Kokkos_DEVICES}); build it with "
-                      "scripts/install-deps.sh --cuda")
-endif()
-if(NOT LONGATTN_ENABLE_CUDA AND "CUDA" IN_LIST Kokkos_DEVICES)
-  message(FATAL_ERROR "the Kokkos found in ${Kokkos_DIR} has the CUDA backend: configure with "
-                      "-DLONGATTN_ENABLE_CUDA=ON and CMAKE_CXX_COMPILER=<kokkos>/bin/nvcc_wrapper")
-endif()
+# A GPU backend in Kokkos and longattn's option for it go together: the option picks the
+# compiler the build needs, and a mismatch would fail far from its cause.
+foreach(backend IN ITEMS CUDA HIP)
+  if(backend STREQUAL "CUDA")
+    set(install "scripts/install-deps.sh --cuda")
+    set(compiler "CMAKE_CXX_COMPILER=<kokkos>/bin/nvcc_wrapper")
+  else()
+    set(install "scripts/install-deps.sh --hip")
+    set(compiler "CMAKE_CXX_COMPILER=hipcc")
+  endif()
+  if(LONGATTN_ENABLE_${backend} AND NOT "${backend}" IN_LIST Kokkos_DEVICES)
+    message(FATAL_ERROR "LONGATTN_ENABLE_${backend}=ON but the Kokkos found in ${Kokkos_DIR} has no ${backend} "
+                        "backend (Kokkos_DEVICES=${Kokkos_DEVICES}); build it with ${install}")
+  endif()
+  if(NOT LONGATTN_ENABLE_${backend} AND "${backend}" IN_LIST Kokkos_DEVICES)
+    message(FATAL_ERROR "the Kokkos found in ${Kokkos_DIR} has the ${backend} backend: configure with "
+                        "-DLONGATTN_ENABLE_${backend}=ON and ${compiler}")
+  endif()
+endforeach()
 
 if(LONGATTN_ENABLE_MPI)
   set(MPI_CXX_SKIP_MPICXX ON)           # the C API only; no deprecated C++ bindings

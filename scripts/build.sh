@@ -3,7 +3,8 @@
 #
 #   scripts/build.sh <build-dir> [extra CMake arguments...]
 #
-# With LONGATTN_CUDA=1 it builds the CUDA variant (Kokkos CUDA + HOPPER90 through nvcc_wrapper);
+# With LONGATTN_CUDA=1 it builds the CUDA variant (Kokkos CUDA + HOPPER90 through nvcc_wrapper),
+# with LONGATTN_HIP=1 the HIP variant (Kokkos HIP + VEGA90A through hipcc: AMD MI200 GPUs);
 # LONGATTN_TARGETS="t1 t2" builds only those targets.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -12,13 +13,21 @@ build_dir=$1; shift
 
 deps_args=()
 cmake_args=()
+if [ "${LONGATTN_CUDA:-0}" = 1 ] && [ "${LONGATTN_HIP:-0}" = 1 ]; then
+  echo "scripts/build.sh: LONGATTN_CUDA=1 and LONGATTN_HIP=1 name two GPU variants; a build is one" >&2
+  exit 2
+fi
 if [ "${LONGATTN_CUDA:-0}" = 1 ]; then
   deps_args+=(--cuda)
+elif [ "${LONGATTN_HIP:-0}" = 1 ]; then
+  deps_args+=(--hip)
 fi
 deps=$("$root/scripts/install-deps.sh" "${deps_args[@]}" | tail -n 1)
 if [ "${LONGATTN_CUDA:-0}" = 1 ]; then
   export NVCC_WRAPPER_DEFAULT_ARCH=sm_90 PATH="/usr/local/cuda/bin:$PATH"
   cmake_args+=(-DLONGATTN_ENABLE_CUDA=ON "-DCMAKE_CXX_COMPILER=$deps/bin/nvcc_wrapper")
+elif [ "${LONGATTN_HIP:-0}" = 1 ]; then
+  cmake_args+=(-DLONGATTN_ENABLE_HIP=ON -DCMAKE_CXX_COMPILER=hipcc)
 fi
 
 # ccache, where installed: paths under the repository are hashed relative to it, so a fresh

@@ -1,18 +1,22 @@
 #!/usr/bin/env bash
 # Installs everything longattn needs on a Debian bookworm machine, from Debian's registry only.
 #
-#   scripts/install-deps.sh [--cuda] [--jobs N]
+#   scripts/install-deps.sh [--cuda | --hip] [--jobs N]
 #
 # 1. Debian packages (apt-get): compilers, CMake, Open MPI, hwloc, OpenBLAS, Google Benchmark,
-#    Catch2, CLI11, nlohmann-json, python3-dev and python3-venv. Skipped when all are installed.
+#    Catch2, CLI11, nlohmann-json, python3-dev and python3-venv (--hip: also hipcc and
+#    libamdhip64-dev, ROCm 5.2). Skipped when all are installed.
 # 2. Kokkos 3.4.01 and Kokkos Kernels 3.4.01 from Debian's trilinos 13.2.0 source package
 #    (`apt-get source`), Kokkos with scripts/patches/kokkos-3.4.01-cuda13-hopper.patch.
 #      host (default): Kokkos OpenMP + Serial, Release, the host's vector ISA;
 #                      Kokkos Kernels without ETI, BLAS from OpenBLAS.
 #      --cuda:         Kokkos CUDA (sm_90, HOPPER90) + Serial through nvcc_wrapper;
 #                      Kokkos Kernels with cuBLAS.
+#      --hip:          Kokkos HIP (gfx90a, VEGA90A: MI200; scripts/patches/
+#                      kokkos-3.4.01-hip-gfx90a.patch) + Serial through hipcc; Kokkos Kernels
+#                      with no vendor library (Debian has no rocBLAS).
 #    Installed into $LONGATTN_DEPS_CACHE (default ~/.cache/longattn)/install/<key>, where the key
-#    names the versions, the variant and a hash of the patch, the options and the compiler, so
+#    names the versions, the variant and a hash of the patches, the options and the compiler, so
 #    a second run only checks the stamp and takes seconds.
 #
 # Prints the install prefix as the last line of stdout (logs go to stderr), so callers do
@@ -38,14 +42,16 @@ debian_packages=(
   libbenchmark-dev catch2 libcli11-dev nlohmann-json3-dev
   python3-dev python3-venv
 )
+hip_packages=(hipcc libamdhip64-dev)
 
 log() { echo "[install-deps] $*" >&2; }
 die() { echo "[install-deps] ERROR: $*" >&2; exit 1; }
-usage() { sed -n '2,23p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; }
+usage() { sed -n '2,26p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; }
 
 while [ $# -gt 0 ]; do
   case "$1" in
     --cuda) variant=cuda ;;
+    --hip) variant=hip ;;
     --jobs) [ $# -ge 2 ] || die "--jobs needs a number"; jobs=$2; shift ;;
     -h|--help) usage; exit 0 ;;
     *) usage; die "unknown argument '$1'" ;;
@@ -53,6 +59,11 @@ while [ $# -gt 0 ]; do
   shift
 done
 [[ "$jobs" =~ ^[1-9][0-9]*$ ]] || die "--jobs must be a positive integer, got '$jobs'"
+patches=("$patch_file")
+if [ "$variant" = hip ]; then
+  debian_packages+=("${hip_packages[@]}")
+  patches+=("$here/patches/kokkos-3.4.01-hip-gfx90a.patch")
+fi
 
 # ---------------------------------------------------------------- 1. Debian packages
 as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
@@ -97,6 +108,10 @@ if [ "$variant" = host ]; then
   # find out, and a machine without a Fortran compiler cannot configure it.
   kernels_options+=(-DKokkosKernels_ENABLE_TPL_BLAS=ON "-DTPL_BLAS_LIBRARIES=$openblas"
                     "-DF77_BLAS_MANGLE=(name,NAME) name ## _")
+elif [ "$variant" = hip ]; then
+  command -v hipcc > /dev/null || die "--hip needs hipcc on PATH (Debian's hipcc package)"
+  cxx_version="$cxx_version-$(hipcc --version 2>/dev/null | grep -m1 -i 'HIP version' || echo hipcc)"
+  kokkos_options+=(-DKokkos_ENABLE_HIP=ON -DKokkos_ARCH_VEGA90A=ON)
 else
   nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
   [ -x "$nvcc" ] || die "--cuda needs the CUDA toolkit: no nvcc on PATH or in /usr/local/cuda/bin"
@@ -106,7 +121,7 @@ else
   kernels_options+=(-DKokkosKernels_ENABLE_TPL_CUBLAS=ON -DKokkosKernels_ENABLE_TPL_CUSPARSE=OFF)
 fi
 
-key_source="$trilinos_version|$variant|$host_arch|$cxx_version|${kokkos_options[*]}|${kernels_options[*]}|$(sha256sum < "$patch_file")"
+key_source="$trilinos_version|$variant|$host_arch|$cxx_version|${kokkos_options[*]}|${kernels_options[*]}|$(cat "${patches[@]}" | sha256sum)"
 key="kokkos-${kokkos_version}-${variant}-${host_arch}-$(echo "$key_source" | sha256sum | cut -c1-12)"
 prefix="$cache/install/$key"
 
@@ -147,14 +162,17 @@ fi
 log "extracting packages/kokkos and packages/kokkos-kernels"
 tar xzf "$orig" -C "$work" --strip-components=2 --wildcards '*/packages/kokkos/*' '*/packages/kokkos-kernels/*' ||
   die "could not extract Kokkos from $orig"
-(cd "$work/kokkos" && patch -p1 --forward --quiet < "$patch_file" >&2) ||
-  die "patch $patch_file does not apply to Kokkos $kokkos_version"
+for p in "${patches[@]}"; do
+  (cd "$work/kokkos" && patch -p1 --forward --quiet < "$p" >&2) || die "patch $p does not apply to Kokkos $kokkos_version"
+done
 
 # ---------------------------------------------------------------- 4. build and install
 compiler=(-DCMAKE_CXX_COMPILER=g++)
 if [ "$variant" = cuda ]; then
   compiler=("-DCMAKE_CXX_COMPILER=$work/kokkos/bin/nvcc_wrapper")
   export NVCC_WRAPPER_DEFAULT_ARCH=sm_90
+elif [ "$variant" = hip ]; then
+  compiler=(-DCMAKE_CXX_COMPILER=hipcc)
 fi
 extra_flags=""
 # Kokkos' SKX flags make GCC prefer 256-bit vectors; ask for 512 bits or half the FMA peak is lost.

@@ -3,6 +3,7 @@
 #include <Kokkos_Core.hpp>
 
 #include "longattn/config.hpp"
+#include "longattn/kokkos_compat.hpp"
 
 namespace longattn {
 
@@ -15,6 +16,9 @@ BuildInfo build_info() {
   b.kokkos_kernels_version = LONGATTN_KOKKOS_KERNELS_VERSION;
 #ifdef KOKKOS_ENABLE_CUDA
   b.execution_spaces.push_back(Kokkos::Cuda::name());
+#endif
+#ifdef KOKKOS_ENABLE_HIP
+  b.execution_spaces.push_back(HIP::name());
 #endif
 #ifdef KOKKOS_ENABLE_OPENMP
   b.execution_spaces.push_back(Kokkos::OpenMP::name());

@@ -5,6 +5,7 @@
 // - The mathematical functions moved from Kokkos::Experimental to Kokkos in 3.7, and 4.0
 //   dropped the old names: longattn::math::exp(x) etc. name whichever the version has.
 // - The numeric traits (infinity) are still in Kokkos::Experimental in every version.
+// - The HIP backend left Kokkos::Experimental in 4.0: longattn::HIP etc. name its spaces.
 #include <Kokkos_Core.hpp>
 
 #if KOKKOS_VERSION < 30400
@@ -35,3 +36,17 @@ KOKKOS_INLINE_FUNCTION constexpr T infinity() {
 }
 
 }  // namespace longattn::math
+
+#ifdef KOKKOS_ENABLE_HIP
+namespace longattn {
+#if KOKKOS_VERSION >= 40000
+using HIP = Kokkos::HIP;
+using HIPSpace = Kokkos::HIPSpace;
+using HIPHostPinnedSpace = Kokkos::HIPHostPinnedSpace;
+#else
+using HIP = Kokkos::Experimental::HIP;
+using HIPSpace = Kokkos::Experimental::HIPSpace;
+using HIPHostPinnedSpace = Kokkos::Experimental::HIPHostPinnedSpace;
+#endif
+}  // namespace longattn
+#endif

@@ -27,8 +27,10 @@
 //   EmulatedTensorCoreTiles  the tensor-core kernels on a host space through the lane-exact
 //                     emulation of the warps (detail/tensor_core/emulated_warp.hpp: slow, for
 //                     tests and debugging), SimdTiles for the rest.
+//   WavefrontTiles    AMD GPUs' (HIP): ThreadTiles of 256 threads, four 64-lane wavefronts,
+//                     one for each SIMD unit of a compute unit.
 //   DefaultTiles      the execution space's own (default_tiles_t): TensorCoreTiles on
-//                     Kokkos::Cuda, SimdTiles on the host spaces.
+//                     Kokkos::Cuda, WavefrontTiles on HIP, SimdTiles on the host spaces.
 // attention_forward<Tiles>(...) and the functions above it take one as their first template
 // argument; the library's compiled kernels (ETI) are those of DefaultTiles.
 #pragma once
@@ -73,6 +75,10 @@ struct ThreadTiles {
   };
 };
 
+// An AMD GPU runs a team as 64-lane wavefronts, and a compute unit issues from four SIMD units:
+// 256 threads give each its own wavefront (a 64 x 64 product is 4 micro-tiles per thread).
+using WavefrontTiles = ThreadTiles<256>;
+
 namespace detail::tensor_core {
 struct EmulatedLaunch;  // detail/tensor_core/kernels.hpp
 struct CudaLaunch;
@@ -113,6 +119,12 @@ struct default_tiles {
 template <>
 struct default_tiles<Kokkos::Cuda> {
   using type = TensorCoreTiles;
+};
+#endif
+#ifdef KOKKOS_ENABLE_HIP
+template <>
+struct default_tiles<HIP> {
+  using type = WavefrontTiles;
 };
 #endif
 

@@ -35,10 +35,10 @@ namespace detail {
 // Each work item runs 12 independent vector registers of chains: 12 cover the 4-cycle FMA
 // latency on two FMA ports, and fit the register file (AVX-512: 12 of 32 zmm; AVX2: 12 of 16
 // ymm, where 12 chains of 16 floats would need 24 and spill, measuring half the peak). The
-// compiler vectorizes the lane loop and keeps all accumulators in registers. A CUDA build
-// keeps 16 floats in both compiler passes, so that host and device agree on the work counted.
+// compiler vectorizes the lane loop and keeps all accumulators in registers. A GPU build (CUDA,
+// HIP) keeps 16 floats in both compiler passes, so that host and device agree on the work counted.
 struct FmaChains {
-#if defined(KOKKOS_ENABLE_CUDA)
+#if defined(KOKKOS_ENABLE_CUDA) || defined(KOKKOS_ENABLE_HIP)
   static constexpr int kVectorFloats = 16;
 #else
   static constexpr int kVectorFloats = host_simd_bytes / int(sizeof(float));

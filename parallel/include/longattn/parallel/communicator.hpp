@@ -62,6 +62,7 @@
 #include "longattn/config.hpp"
 #include "longattn/core/half.hpp"
 #include "longattn/error.hpp"
+#include "longattn/kokkos_compat.hpp"
 #include "longattn/memory/pooled_view.hpp"
 
 namespace longattn::parallel {
@@ -180,8 +181,8 @@ struct HostStagingSpace<Kokkos::CudaSpace> {
 #endif
 #if defined(KOKKOS_ENABLE_HIP)
 template <>
-struct HostStagingSpace<Kokkos::Experimental::HIPSpace> {
-  using type = Kokkos::Experimental::HIPHostPinnedSpace;
+struct HostStagingSpace<HIPSpace> {
+  using type = HIPHostPinnedSpace;
 };
 #endif
 

@@ -18,7 +18,7 @@
 //
 // The ranks' tokens must split into whole attention blocks (attention_block_size of the space).
 // Content-adaptive block-sparse patterns (top_k) choose blocks from the global Q and K, which no
-// rank holds: refused. Any execution space: MPI on host memory, NCCL on CUDA memory.
+// rank holds: refused. Any execution space, through the communicator's transport for its memory.
 #include <Kokkos_Core.hpp>
 
 #include <chrono>

@@ -22,7 +22,8 @@
 // Every pass accumulates into (o, lse) from (0, -inf) in the kernel (LongNet's merge by
 // softmax denominators; head_groups keeps its 1 / k scale). 16-bit tensors (bfloat16, float16)
 // are gathered and scattered in 16 bits, and passes accumulate in their type as on one rank. Buffers in the memory of ctx's
-// space; the gathers and scatters go through MPI on host memory, NCCL on CUDA memory.
+// space; the gathers and scatters go through the communicator's transport for that memory
+// (Communicator::transport).
 #include <Kokkos_Core.hpp>
 
 #include <algorithm>

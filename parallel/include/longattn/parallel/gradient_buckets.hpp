@@ -25,7 +25,8 @@
 //
 // Memory: gradients and buckets are in the memory of the context's space (ExecSpace, the host's
 // by default); copies run on its instance. Host memory reduces through MPI (nonblocking, tested
-// on each ready() so that MPI moves it on); CUDA memory through NCCL on the instance's stream.
+// on each ready() so that MPI moves it on); a GPU's memory through the communicator's transport
+// for it (NCCL on the instance's stream, or MPI on pinned host copies).
 #include <Kokkos_Core.hpp>
 
 #include <algorithm>

@@ -24,8 +24,9 @@
 //
 // Gradients are float. They travel in float, or in bfloat16/float16 (options.reduce_type: half
 // the bytes; packed rounded, sums rounded at each addition, widened when added into the piece).
-// Host memory reduces through MPI (MPI_Ireduce_scatter_block), CUDA memory through NCCL on the
-// instance's stream; copies run on the context's instance.
+// Host memory reduces through MPI (MPI_Ireduce_scatter_block), a GPU's memory through the
+// communicator's transport for it (NCCL on the instance's stream, or MPI on pinned host copies);
+// copies run on the context's instance.
 #include <Kokkos_Core.hpp>
 
 #include <algorithm>

@@ -41,8 +41,9 @@
 // pattern) and reuse it for forward and backward across steps.
 //
 // Transfers: each step's messages are one exchange (communicator.hpp) that every rank starts at
-// the same point of the schedule - MPI on host memory, one NCCL group on CUDA memory - and a
-// step's gradient leaves with the next step's exchange, where its receiver takes it. Buffers
+// the same point of the schedule - MPI on host memory, one NCCL group or staged MPI messages on
+// a GPU's (the communicator's transport) - and a step's gradient leaves with the next step's
+// exchange, where its receiver takes it. Buffers
 // live in the memory of ctx's space. Errors follow the group's ErrorPolicy and are agreed
 // between ranks first: when one rank's input is wrong, every rank fails with its message and
 // none is left waiting.

@@ -6,8 +6,9 @@
 //   MultiheadAttention<Exec, float> layer(ctx, E, H, options, features);  // H / tp heads here
 //
 // sum() is an all-reduce of the elements in exec's memory, gather() an all-gather and
-// reduce_scatter() a reduce-scatter (sequence parallelism): through MPI after exec.fence() on the
-// host, through NCCL on exec's stream in a CUDA build. It counts the wall time its calls take
+// reduce_scatter() a reduce-scatter (sequence parallelism), through the communicator's transport
+// for exec's memory (Communicator::transport: MPI on host memory; NCCL on exec's stream or MPI
+// on pinned host copies on a GPU's). It counts the wall time its calls take
 // (seconds()): the transfers on the host; on a GPU only the launches.
 #pragma once
 

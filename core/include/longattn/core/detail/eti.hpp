@@ -1,5 +1,5 @@
 // Explicit template instantiation (ETI), as Kokkos Kernels does it: liblongattn_core compiles
-// the kernels once for every execution space the Kokkos build enables (Serial, OpenMP, Cuda)
+// the kernels once for every execution space the Kokkos build enables (Serial, OpenMP, Cuda, HIP)
 // and every storage type (float, double, bfloat16, float16), in core/src/eti/. The public
 // headers declare those instantiations `extern template`, so tests, apps and users link them
 // instead of compiling the kernels again in each translation unit; any other space, type or
@@ -13,6 +13,7 @@
 #include <Kokkos_Core.hpp>
 
 #include "longattn/core/half.hpp"
+#include "longattn/kokkos_compat.hpp"
 
 #define LONGATTN_ETI_STORAGE_TYPES(M, SPACE) \
   M(SPACE, float) M(SPACE, double) M(SPACE, ::longattn::bfloat16) M(SPACE, ::longattn::float16)
@@ -34,5 +35,11 @@
 #define LONGATTN_ETI_CUDA(TYPES, M)
 #endif
 
+#ifdef KOKKOS_ENABLE_HIP
+#define LONGATTN_ETI_HIP(TYPES, M) TYPES(M, ::longattn::HIP)
+#else
+#define LONGATTN_ETI_HIP(TYPES, M)
+#endif
+
 #define LONGATTN_ETI_FOR_EACH(TYPES, M) \
-  LONGATTN_ETI_SERIAL(TYPES, M) LONGATTN_ETI_OPENMP(TYPES, M) LONGATTN_ETI_CUDA(TYPES, M)
+  LONGATTN_ETI_SERIAL(TYPES, M) LONGATTN_ETI_OPENMP(TYPES, M) LONGATTN_ETI_CUDA(TYPES, M) LONGATTN_ETI_HIP(TYPES, M)
