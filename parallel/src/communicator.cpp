@@ -501,17 +501,23 @@ detail::MemoryTransport& implementation(detail::CommunicatorState& s, Transport 
 
 }  // namespace
 
-// Each call checks what every transport needs, then hands over. The MPI and staged transports
-// run the host collectives, which log and verify themselves (on_issue); NCCL's do so here.
+detail::MemoryTransport& Communicator::transport_of(const detail::MemoryAccess& access, const char* where,
+                                                   std::size_t count, DataType type, int op, bool reduces,
+                                                   bool collective) const {
+  const Transport t = transport_for(access.device_memory);
+  if (t == Transport::nccl) on_issue(where, count, type, op, collective);
+  return implementation(*state_, t, access, type, reduces);
+}
+
+// Each call checks what every transport needs, then hands over.
 void Communicator::all_reduce_in(const detail::MemoryAccess& access, const void* send, void* recv, std::size_t count,
                                  DataType type, ReduceOp op, bool hierarchical) const {
   const char* where = hierarchical ? "longattn::parallel::Communicator::hierarchical_all_reduce"
                                    : "longattn::parallel::Communicator::all_reduce";
   guarded(where, [&] {
     detail::check_buffers(where, send, recv, count, type, op);
-    const Transport t = transport_for(access.device_memory);
-    if (t == Transport::nccl) on_issue(where, count, type, int(op));  // the others' host calls do
-    implementation(*state_, t, access, type, true).all_reduce(*this, access, send, recv, count, type, op, hierarchical);
+    transport_of(access, where, count, type, int(op), true)
+        .all_reduce(*this, access, send, recv, count, type, op, hierarchical);
   });
 }
 
@@ -521,9 +527,7 @@ void Communicator::reduce_scatter_in(const detail::MemoryAccess& access, const v
   guarded(where, [&] {
     detail::check_buffers(where, send, recv, count, type, op);
     require(send != recv || count == 0, where, "recv", "the send buffer", "a buffer of its own");
-    const Transport t = transport_for(access.device_memory);
-    if (t == Transport::nccl) on_issue(where, count, type, int(op));  // the others' host calls do
-    implementation(*state_, t, access, type, true).reduce_scatter(*this, access, send, recv, count, type, op);
+    transport_of(access, where, count, type, int(op), true).reduce_scatter(*this, access, send, recv, count, type, op);
   });
 }
 
@@ -533,9 +537,7 @@ void Communicator::all_gather_in(const detail::MemoryAccess& access, const void*
   guarded(where, [&] {
     detail::check_buffers(where, send, recv, count, type, ReduceOp::sum);
     require(send != recv || count == 0, where, "recv", "the send buffer", "a buffer of its own");
-    const Transport t = transport_for(access.device_memory);
-    if (t == Transport::nccl) on_issue(where, count, type, -1);
-    implementation(*state_, t, access, type, false).all_gather(*this, access, send, recv, count, type);
+    transport_of(access, where, count, type, -1, false).all_gather(*this, access, send, recv, count, type);
   });
 }
 
@@ -545,9 +547,7 @@ Request Communicator::iall_reduce_in(const detail::MemoryAccess& access, const v
   Request request;
   guarded(where, [&] {
     detail::check_buffers(where, send, recv, count, type, op);
-    const Transport t = transport_for(access.device_memory);
-    if (t == Transport::nccl) on_issue(where, count, type, int(op));  // the others' host calls do
-    request = implementation(*state_, t, access, type, true)
+    request = transport_of(access, where, count, type, int(op), true)
                   .iall_reduce(*this, access, send, recv, count, type, op, hierarchical);
   });
   return request;
@@ -560,9 +560,8 @@ Request Communicator::ireduce_scatter_in(const detail::MemoryAccess& access, con
   guarded(where, [&] {
     detail::check_buffers(where, send, recv, count, type, op);
     require(send != recv || count == 0, where, "recv", "the send buffer", "a buffer of its own");
-    const Transport t = transport_for(access.device_memory);
-    if (t == Transport::nccl) on_issue(where, count, type, int(op));  // the others' host calls do
-    request = implementation(*state_, t, access, type, true).ireduce_scatter(*this, access, send, recv, count, type, op);
+    request = transport_of(access, where, count, type, int(op), true)
+                  .ireduce_scatter(*this, access, send, recv, count, type, op);
   });
   return request;
 }
@@ -577,9 +576,7 @@ Request Communicator::exchange_in(const detail::MemoryAccess& access, const std:
       require(t.peer >= 0 && t.peer < state_->size, where, sending ? "destination" : "source", t.peer,
               "a rank from 0 to " + std::to_string(state_->size - 1));
     }
-    const Transport t = transport_for(access.device_memory);
-    if (t == Transport::nccl) on_issue(where, transfers.size(), DataType::uint8, -1, false);
-    request = implementation(*state_, t, access, DataType::uint8, false).exchange(*this, access, transfers);
+    request = transport_of(access, where, transfers.size(), DataType::uint8, -1, false, false).exchange(*this, access, transfers);
   });
   return request;
 }

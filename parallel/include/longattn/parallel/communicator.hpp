@@ -145,6 +145,7 @@ struct Transfer {
 
 namespace detail {
 struct CommunicatorState;  // MPI communicators of the group, its node and across nodes (src/)
+class MemoryTransport;     // how calls on one kind of memory travel: MPI, staged or NCCL (src/)
 
 // What a Request tracks: one MPI request, or several stages run one after the other (a
 // hierarchical all-reduce), with the average's scaling once the last is done.
@@ -408,6 +409,10 @@ class Communicator {
 
   // The calls on an instance's memory, by its transport (src/communicator.cpp chooses).
   Transport transport_for(bool device_memory) const;
+  // The implementation that carries a call on `access`'s memory (the NCCL transport's calls are
+  // logged by on_issue here; the MPI and staged ones log themselves in the host collectives).
+  detail::MemoryTransport& transport_of(const detail::MemoryAccess& access, const char* where, std::size_t count,
+                                        DataType type, int op, bool reduces, bool collective = true) const;
   void all_reduce_in(const detail::MemoryAccess& access, const void* send, void* recv, std::size_t count, DataType type,
                      ReduceOp op, bool hierarchical) const;
   void reduce_scatter_in(const detail::MemoryAccess& access, const void* send, void* recv, std::size_t count,
