@@ -27,6 +27,9 @@ if [ "${LONGATTN_CUDA:-0}" = 1 ]; then
   export NVCC_WRAPPER_DEFAULT_ARCH=sm_90 PATH="/usr/local/cuda/bin:$PATH"
   cmake_args+=(-DLONGATTN_ENABLE_CUDA=ON "-DCMAKE_CXX_COMPILER=$deps/bin/nvcc_wrapper")
 elif [ "${LONGATTN_HIP:-0}" = 1 ]; then
+  # hipcc links for the GPUs that rocm_agent_enumerator finds unless told (a machine without one
+  # prints its Python traceback at every link): the compile steps' gfx90a.
+  export HCC_AMDGPU_TARGET=${HCC_AMDGPU_TARGET:-gfx90a}
   cmake_args+=(-DLONGATTN_ENABLE_HIP=ON -DCMAKE_CXX_COMPILER=hipcc)
 fi
 

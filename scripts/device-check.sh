@@ -10,8 +10,8 @@
 #       under $OUT (default build/device-out) summary.txt and device-check.tar.gz, which holds
 #       gpu.txt, resources.txt, *.log, *.xml (JUnit), sdpa.json, ceilings.json, train_*.json and
 #       summary.txt. `kernels` runs steps 1-3 (they took 4 minutes on an H100, 2026-11-27),
-#       `tests` steps 1, 4, 5 and 6 (1 minute there without step 6, not yet run), `all` (the
-#       default) every step; $OUT keeps what finished if a call is cut.
+#       `tests` steps 1, 4, 5 and 6 (steps 1 and 4 took 1 minute; 5 and the 1M-token run of 6 have
+#       not run yet), `all` (the default) every step; $OUT keeps what finished if a call is cut.
 #
 # run, each step with its own time limit, going on after a failure and saying which failed:
 #   1. the GPU (nvidia-smi) and the tensor-core kernels' registers, stack and spills
@@ -23,12 +23,13 @@
 #      causal or not, forward and forward + backward, 16 heads)
 #   4. every other test on Kokkos::Cuda: core's cases, memory, and at one MPI rank parallel and
 #      train; and under cuda-gdb the emulated case that crashes on Kokkos::Serial in this build
-#   5. training steps in bf16 (longattn-train, JSON per run): the default model, and a model of
-#      the 350M shape (24 layers, E 1024, 16 heads) at context 4096
-#   6. several ranks on the one GPU: NCCL refuses ranks that share a GPU, so the communicator
+#   5. several ranks on the one GPU: NCCL refuses ranks that share a GPU, so the communicator
 #      chooses the staged transport (MPI on host copies); parallel at 2 and 4 ranks, train at 2
 #      and the ZeRO / tp cases at 4; longattn-train at cp 2 and at dp 2 with ZeRO 2 (JSON: the
 #      share of a step spent in communication the compute did not hide)
+#   6. training steps in bf16 (longattn-train, JSON per run): the default model, --model 350m (24
+#      layers, E 1024, 16 heads) at context 4096, and the default model on one
+#      sequence of 1,048,576 tokens (dilated attention, full recomputation)
 # It exits 0 when every step passed, 1 otherwise, 2 without a GPU.
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -154,8 +155,11 @@ EOF
 
   # 4. Every other test on Kokkos::Cuda: core's cases, memory, and at one MPI rank parallel and train.
   if [ "$steps" != kernels ]; then
-    # A crash gets its stack: the emulated case that crashed in the CUDA build (2026-11-27).
-    step emulated_other_head_dims 60 cuda-gdb -batch -ex run -ex bt --args "$bin/longattn_core_tests" \
+    # The emulated case that crashes in the CUDA build (2026-11-27) under cuda-gdb: the program
+    # counter was 0 at the fault, so beside the backtrace the stack around the stack pointer
+    # (return addresses shown by symbol) and the libraries' load addresses.
+    step emulated_other_head_dims 60 cuda-gdb -batch -ex run -ex bt -ex "info registers rip rsp rbp" \
+      -ex 'x/48a $rsp-128' -ex "info sharedlibrary" --args "$bin/longattn_core_tests" \
       --warn NoTests "tensor-core attention: two passes\, output_scale\, accumulated gradients\, other head dims - Targets - 0"
     step core_cuda 120 "$bin/longattn_core_tests" --warn NoTests "* - 1" -r junit -o "$out/core_cuda.xml"
     step memory 30 "$bin/longattn_memory_tests" -r junit -o "$out/memory.xml"
@@ -163,27 +167,35 @@ EOF
     step train_np1 60 "$bin/longattn_train_tests" -r junit -o "$out/train_np1.xml"
   fi
 
-  # 5. Training steps in bf16 on the GPU (MFU against the datasheet's dense bf16 989 TFLOP/s).
+  # 5. Several ranks on the one GPU, through the staged transport (chosen: the ranks share it).
+  if [ "$steps" != kernels ]; then
+    # A collective that does not finish in 40 s ends its rank with an error (the watchdog) rather
+    # than the step's limit ending a hang.
+    local mpi=(mpiexec --oversubscribe -x LD_LIBRARY_PATH -x OPAL_PREFIX -x OMPI_MCA_mca_base_component_path
+               -x LONGATTN_COLLECTIVE_TIMEOUT=40)
+    step parallel_np2 60 "${mpi[@]}" -n 2 "$bin/longattn_parallel_tests" --warn NoTests "* - 1"
+    step parallel_np4 90 "${mpi[@]}" -n 4 "$bin/longattn_parallel_tests" --warn NoTests "* - 1"
+    step train_np2 45 "${mpi[@]}" -n 2 "$bin/longattn_train_tests"
+    step train_np4_zero 45 "${mpi[@]}" -n 4 "$bin/longattn_train_tests" "[zero],[tp]"
+    # Exposed communication (the JSON's communication_share) of 2 ranks on the one GPU, bf16.
+    step train_cp2 45 "${mpi[@]}" -n 2 "$bin/longattn-train" --precision bf16 --cp 2 --context 2048 --steps 10 \
+      --eval-every 0 --eval-batches 1 --warmup 2 --peak-gflops 989000 --json "$out/train_cp2.json"
+    step train_dp2_zero2 45 "${mpi[@]}" -n 2 "$bin/longattn-train" --precision bf16 --zero 2 --steps 10 \
+      --eval-every 0 --eval-batches 1 --warmup 2 --peak-gflops 989000 --json "$out/train_dp2_zero2.json"
+  fi
+
+  # 6. Training steps in bf16 on the GPU (MFU against the datasheet's dense bf16 989 TFLOP/s).
   if [ "$steps" != kernels ]; then
     step train_default 60 "$bin/longattn-train" --precision bf16 --steps 20 --peak-gflops 989000 \
       --json "$out/train_default.json"
-    step train_350m 150 "$bin/longattn-train" --precision bf16 --layers 24 --embed 1024 --heads 16 \
+    step train_350m 150 "$bin/longattn-train" --precision bf16 --model 350m \
       --context 4096 --batch 8 --steps 5 --eval-every 0 --eval-batches 1 --warmup 2 --peak-gflops 989000 \
       --task long_range --json "$out/train_350m.json"
-  fi
-
-  # 6. Several ranks on the one GPU, through the staged transport (chosen: the ranks share it).
-  if [ "$steps" != kernels ]; then
-    local mpi=(mpiexec --oversubscribe -x LD_LIBRARY_PATH -x OPAL_PREFIX -x OMPI_MCA_mca_base_component_path)
-    step parallel_np2 90 "${mpi[@]}" -n 2 "$bin/longattn_parallel_tests" --warn NoTests "* - 1"
-    step parallel_np4 120 "${mpi[@]}" -n 4 "$bin/longattn_parallel_tests" --warn NoTests "* - 1"
-    step train_np2 60 "${mpi[@]}" -n 2 "$bin/longattn_train_tests"
-    step train_np4_zero 60 "${mpi[@]}" -n 4 "$bin/longattn_train_tests" "[zero],[tp]"
-    # Exposed communication (the JSON's communication_share) of 2 ranks on the one GPU, bf16.
-    step train_cp2 90 "${mpi[@]}" -n 2 "$bin/longattn-train" --precision bf16 --cp 2 --context 2048 --steps 10 \
-      --eval-every 0 --eval-batches 1 --warmup 2 --peak-gflops 989000 --json "$out/train_cp2.json"
-    step train_dp2_zero2 90 "${mpi[@]}" -n 2 "$bin/longattn-train" --precision bf16 --zero 2 --steps 10 \
-      --eval-every 0 --eval-batches 1 --warmup 2 --peak-gflops 989000 --json "$out/train_dp2_zero2.json"
+    # A million tokens in one sequence: LongNet dilated attention, full recomputation (the loss
+    # must fall; memory beside the planner's prediction in the JSON).
+    step train_1m 150 "$bin/longattn-train" --precision bf16 --task long_range --context 1048576 --batch 1 \
+      --attention "dilated:w=2048,8192,32768;r=1,4,16" --recompute full --steps 6 --warmup 1 --eval-every 0 \
+      --eval-batches 1 --peak-gflops 989000 --json "$out/train_1m.json"
   fi
 
   echo "== summary"

@@ -43,6 +43,10 @@ int main(int argc, char** argv) {
   const std::map<std::string, Task> tasks{{"text", Task::text}, {"long_range", Task::long_range}};
 
   app.add_option("--config", config_path, "JSON file of options (keys: the long option names)");
+  std::string model_name;
+  app.add_option("--model", model_name,
+                 "a named shape: 350m (24 layers, E 1024, 16 heads) or 1.3b (24 layers, E 2048, 16 heads); "
+                 "--layers, --embed and --heads beside it override its values")->group("Model");
   app.add_option("--layers", c.model.layers, "transformer blocks")->group("Model");
   app.add_option("--embed", c.model.embed, "embedding size E (MLP 4E)")->group("Model");
   app.add_option("--heads", c.model.heads, "attention heads (dividing E)")->group("Model");
@@ -122,6 +126,12 @@ int main(int argc, char** argv) {
     longattn::apps::parse_with_config(app, argc, argv, "longattn-train");
     c.model.attention = longattn::parse_attention_spec(attention);  // once, here at the edge
     c.model.recompute = parse_recompute(recompute);
+    if (!model_name.empty()) {
+      const ModelShape shape = named_model_shape(model_name);
+      if (app.count("--layers") == 0) c.model.layers = shape.layers;
+      if (app.count("--embed") == 0) c.model.embed = shape.embed;
+      if (app.count("--heads") == 0) c.model.heads = shape.heads;
+    }
     c.precision = parse_precision(precision);
     c.grad_reduce = parse_gradient_reduce(grad_reduce);
     if (!calibration.empty()) c.efficiency = longattn::plan::read_calibration(calibration);

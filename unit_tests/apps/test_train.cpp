@@ -1288,6 +1288,7 @@ TEST_CASE("bad options are refused naming them", "[train][errors]") {
   bad = c;
   bad.micro_batch = 3;
   fails(bad, "argument 'micro-batch' is 3, expected a divisor of batch / dp = " + std::to_string(4 / world.size()));
+  CHECK_THROWS_WITH(named_model_shape("7b"), Catch::Contains("argument 'model' is \"7b\", expected one of 350m, 1.3b"));
   CHECK_THROWS_WITH(parse_recompute("some"), Catch::Contains("argument 'recompute' is \"some\", expected one of none, selective, full"));
   CHECK_THROWS_WITH(parse_precision("fp8"), Catch::Contains("argument 'precision' is \"fp8\", expected one of fp32, bf16, fp16"));
   CHECK_THROWS_WITH(parse_gradient_reduce("bf16"), Catch::Contains("argument 'grad-reduce' is \"bf16\", expected fp32 or model"));

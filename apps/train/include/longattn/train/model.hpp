@@ -92,6 +92,15 @@ struct ModelConfig {
 // Throws longattn::Error naming the field.
 void validate(const ModelConfig& config);
 
+// Named model shapes (longattn-train --model): GPT-3's Medium and XL (Brown et al. 2020, table
+// 2.1), byte-level here: "350m" is 24 layers, E 1024, 16 heads (302M parameters in its blocks),
+// "1.3b" 24 layers, E 2048, 16 heads (1.21B); learned positions add context x E.
+struct ModelShape {
+  int layers, embed, heads;
+};
+// Throws longattn::Error naming `option` and the names otherwise.
+ModelShape named_model_shape(const std::string& name, const char* option = "model");
+
 // Values in the model's type T, gradients in accumulate_t<T> (float for 16-bit T).
 template <class T>
 struct ParameterGroup {

@@ -165,6 +165,12 @@ inline Recompute parse_recompute(const std::string& text, const char* option) {
   throw_invalid_argument("longattn-train", option, "\"" + text + "\"", "one of none, selective, full");
 }
 
+inline ModelShape named_model_shape(const std::string& name, const char* option) {
+  if (name == "350m") return {24, 1024, 16};
+  if (name == "1.3b") return {24, 2048, 16};
+  throw_invalid_argument("longattn-train", option, "\"" + name + "\"", "one of 350m, 1.3b");
+}
+
 inline void validate(const ModelConfig& c) {
   const char* where = "longattn::train::ModelConfig";
   require(c.layers >= 1 && c.layers <= 1024, where, "layers", c.layers, "a count in [1, 1024]");

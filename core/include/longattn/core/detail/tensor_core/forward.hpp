@@ -3,12 +3,15 @@
 //
 //   CTA     128 query rows in 8 / R warps; warp w owns R row tiles of 16 query rows, rows
 //           16 R w .. 16 R (w + 1) - 1 of the pair (the first half of the warps the first query
-//           block, the second half the second). R = 2 at D = 64 (4 warps, FlashAttention-2's
-//           shape): each K or V fragment a warp loads from shared memory feeds two mma, which
-//           halves the shared-memory reads per product (one tile: 256 bytes of B operand per
-//           m16n8k16, 2 of the 4 cycles an SM's tensor cores take for it). R = 1 (8 warps) at
-//           D = 128 and 256: two tiles' O accumulators spill at 128 (255 registers, 48 bytes of
-//           spill stores, ptxas sm_90) and do not fit at 256.
+//           block, the second half the second). R = 2 (4 warps, FlashAttention-2's shape) at
+//           D = 64 and at 16-bit D = 128: each K or V fragment a warp loads from shared memory
+//           feeds two mma, which halves the shared-memory reads per product (one tile: 256 bytes
+//           of B operand per m16n8k16, 2 of the 4 cycles an SM's tensor cores take for it). At
+//           D = 128 its 255 registers hold without spills only with S = Q K^T's k-steps a loop
+//           (unrolled: 52 bytes of spill stores, ptxas sm_90) and P V's k-steps outermost (each
+//           step's probabilities packed as it starts, so that S's registers free as P V goes).
+//           R = 1 (8 warps) for float D = 128, whose 132 KiB of tiles allow one CTA an SM, and
+//           at D = 256, where two tiles' O accumulators do not fit.
 //   shared  Q [128][D], K [64][D], V [64][D] of the storage type, rows padded (fragments.hpp):
 //           16-bit D = 64: 36 KiB, 128: 68 KiB, 256: 132 KiB; float (TF32) D = 64: 68 KiB,
 //           128: 132 KiB (256 would take 260)
@@ -58,11 +61,11 @@ struct ForwardProgram {
   static_assert(D == 64 || D == 128 || (D == 256 && sizeof(S) == 2), "head dims 64, 128 (16-bit also 256)");
   static constexpr int L = block_tokens;
   static constexpr int query_rows = 2 * L;
-  static constexpr int row_tiles = D == 64 ? 2 : 1;  // R above
+  static constexpr int row_tiles = D == 64 || (D == 128 && sizeof(S) == 2) ? 2 : 1;  // R above
   static constexpr int warps = query_rows / (16 * row_tiles), threads = 32 * warps;
-  // Two CTAs an SM at D = 64 (4 warps, up to 255 registers a thread: 234-237 used), one at 128
-  // and 256 (8 warps, 199-254 registers).
-  static constexpr int min_ctas_per_sm = D == 64 ? 2 : 1;
+  // Two CTAs an SM with two row tiles (4 warps, up to 255 registers a thread: 232-255 used),
+  // else one (8 warps, 200-255 registers).
+  static constexpr int min_ctas_per_sm = row_tiles == 2 ? 2 : 1;
   static constexpr std::size_t q_bytes = tile_bytes<S>(query_rows, D), kv_bytes = tile_bytes<S>(L, D);
   static constexpr std::size_t shared_bytes = q_bytes + 2 * kv_bytes;
   static_assert(shared_bytes <= max_shared_bytes, "the tiles fit an H100's shared memory");
@@ -90,12 +93,8 @@ struct ForwardProgram {
 
     const int warp_first = q_first + 16 * row_tiles * warp;  // the warp's first query
     const bool has_rows = warp_first < args.queries;
-    int rows[row_tiles][2];  // this lane's two queries of each row tile
-    LONGATTN_WARP_UNROLL
-    for (int r = 0; r < row_tiles; ++r) {
-      rows[r][0] = warp_first + 16 * r + at.group;
-      rows[r][1] = rows[r][0] + 8;
-    }
+    // This lane's two queries of row tile r: row_of(r) and row_of(r) + 8.
+    const auto row_of = [&](int r) { return warp_first + 16 * r + at.group; };
 
     // The running softmax of each row: max m (log2 units), this lane's part of the sum l, O. It
     // starts empty, or, accumulating, as the result already in (o, lse): m = lse in log2 units,
@@ -106,7 +105,7 @@ struct ForwardProgram {
     for (int r = 0; r < row_tiles; ++r)
       LONGATTN_WARP_UNROLL
       for (int half = 0; half < 2; ++half) {
-        const int row = rows[r][half];
+        const int row = row_of(r) + 8 * half;
         const float previous = args.accumulate && row < args.queries ? args.lse(b, h, row) : minus_infinity<float>();
         const bool empty = previous == minus_infinity<float>();
         m[r][half] = empty ? minus_infinity<float>() : previous * log2_e<float>();
@@ -139,7 +138,7 @@ struct ForwardProgram {
       if (mine) {
         scores(sq, sk, warp, lane, s);
         LONGATTN_WARP_UNROLL
-        for (int r = 0; r < row_tiles; ++r) softmax(s[r], block * L, rows[r], lane, m[r], l[r], o[r]);
+        for (int r = 0; r < row_tiles; ++r) softmax(s[r], block * L, row_of(r), lane, m[r], l[r], o[r]);
       }
       int next_block = 0;
       bool next_first = false, next_second = false;
@@ -160,8 +159,8 @@ struct ForwardProgram {
     Warp::sync_cta();
     LONGATTN_WARP_UNROLL
     for (int r = 0; r < row_tiles; ++r)
-      if (rows[r][0] - at.group < args.queries)
-        store(sq + tile_offset<S>(16 * (row_tiles * warp + r), 0, D), b, h, rows[r][0] - at.group, rows[r], lane,
+      if (row_of(r) - at.group < args.queries)
+        store(sq + tile_offset<S>(16 * (row_tiles * warp + r), 0, D), b, h, row_of(r) - at.group, row_of(r), lane,
               m[r], l[r], o[r]);
   }
 
@@ -173,8 +172,8 @@ struct ForwardProgram {
   }
 
   // s = Q K^T for the warp's row tiles and the 64 keys of the K tile, each K fragment used by
-  // every row tile. At D = 256 the k-steps stay a loop: unrolled, their operands did not fit the
-  // registers beside O's 128 floats.
+  // every row tile. Where O takes 128 floats a thread (two tiles at D = 128, one at 256) the
+  // k-steps stay a loop: unrolled, their operands did not fit the registers beside it.
   KOKKOS_INLINE_FUNCTION static void scores(const char* sq, const char* sk, int warp, int lane,
                                             float (&s)[row_tiles][L / 8][4]) {
     LONGATTN_WARP_UNROLL
@@ -199,7 +198,7 @@ struct ForwardProgram {
         }
       }
     };
-    if constexpr (D <= 128) {
+    if constexpr (D * row_tiles <= 128) {
       LONGATTN_WARP_UNROLL
       for (int kk = 0; kk < D / k; ++kk) k_step(kk);
     } else {
@@ -211,14 +210,14 @@ struct ForwardProgram {
   // Scores to log2 units, masked; the running max and sum move, O is rescaled, s becomes the
   // probabilities 2^(score - max). Row `half` of the lane sees the block's keys [0, seen[half]):
   // those inside the sequence and, causal, not after its query.
-  KOKKOS_INLINE_FUNCTION void softmax(float (&s)[L / 8][4], int k_first, const int (&rows)[2], int lane, float (&m)[2],
+  KOKKOS_INLINE_FUNCTION void softmax(float (&s)[L / 8][4], int k_first, int first_row, int lane, float (&m)[2],
                                       float (&l)[2], float (&o)[D / 8][4]) const {
     int seen[2];
     LONGATTN_WARP_UNROLL
     for (int half = 0; half < 2; ++half) {
       seen[half] = min_int(args.keys - k_first, L);
       if (args.causal)
-        seen[half] = min_int(seen[half], clamp_to_block(args.query_offset + rows[half] - args.key_offset - k_first + 1, L));
+        seen[half] = min_int(seen[half], clamp_to_block(args.query_offset + first_row + 8 * half - args.key_offset - k_first + 1, L));
     }
     LONGATTN_WARP_UNROLL
     for (int n = 0; n < L / 8; ++n)
@@ -255,35 +254,34 @@ struct ForwardProgram {
     }
   }
 
-  // O += P V: the probabilities, packed to 16 bits (or rounded to TF32), are the A operand as
-  // they lie; each V fragment is used by every row tile.
+  // O += P V: the probabilities, packed to 16 bits (or rounded to TF32) one k-step at a time, are
+  // the A operand as they lie; each V fragment is used by every row tile.
   KOKKOS_INLINE_FUNCTION static void add_probabilities_times_values(const float (&p)[row_tiles][L / 8][4],
                                                                     const char* sv, int lane,
                                                                     float (&o)[row_tiles][D / 8][4]) {
     constexpr int k = mma_k<S>;
-    std::uint32_t a[row_tiles][L / k][4];
     LONGATTN_WARP_UNROLL
-    for (int r = 0; r < row_tiles; ++r)
+    for (int kk = 0; kk < L / k; ++kk) {
+      std::uint32_t a[row_tiles][4];
       LONGATTN_WARP_UNROLL
-      for (int kk = 0; kk < L / k; ++kk) a_from_accumulators<Warp, S>(p[r], kk, a[r][kk]);
-    LONGATTN_WARP_UNROLL
-    for (int nn = 0; nn < D / 16; ++nn)
+      for (int r = 0; r < row_tiles; ++r) a_from_accumulators<Warp, S>(p[r], kk, a[r]);
       LONGATTN_WARP_UNROLL
-      for (int kk = 0; kk < L / k; ++kk) {
+      for (int nn = 0; nn < D / 16; ++nn) {
         std::uint32_t bv[4];
         b_from_columns<Warp, S>(bv, sv, lane, k * kk, 16 * nn, D);
         LONGATTN_WARP_UNROLL
         for (int r = 0; r < row_tiles; ++r) {
-          mma<Warp, S>(o[r][2 * nn], a[r][kk], bv[0], bv[1]);
-          mma<Warp, S>(o[r][2 * nn + 1], a[r][kk], bv[2], bv[3]);
+          mma<Warp, S>(o[r][2 * nn], a[r], bv[0], bv[1]);
+          mma<Warp, S>(o[r][2 * nn + 1], a[r], bv[2], bv[3]);
         }
       }
+    }
   }
 
   // One row tile's O = output_scale O / l, staged in its own 16 Q rows (no other warp reads them), then
   // stored a 16-byte chunk per lane; LSE = ln 2 (m + log2 l). A query that sees no key gets
   // O = 0, LSE = -inf; a NaN sum (NaN inputs) stays NaN in both.
-  KOKKOS_INLINE_FUNCTION void store(char* staging, int b, int h, int tile_first, const int (&rows)[2], int lane,
+  KOKKOS_INLINE_FUNCTION void store(char* staging, int b, int h, int tile_first, int first_row, int lane,
                                     const float (&m)[2], float (&l)[2], const float (&o)[D / 8][4]) const {
     const Lane at(lane);
     LONGATTN_WARP_UNROLL
@@ -296,8 +294,9 @@ struct ForwardProgram {
       for (int n = 0; n < D / 8; ++n)
         store_pair<Warp, S>(staging + tile_offset<S>(at.group + 8 * half, 8 * n + 2 * at.quad_lane, D),
                             o[n][2 * half] * inverse, o[n][2 * half + 1] * inverse);
-      if (at.quad_lane == 0 && rows[half] < args.queries)
-        args.lse(b, h, rows[half]) = sum > 0.0f    ? (m[half] + math::log2(sum)) * ln_2<float>()
+      const int row = first_row + 8 * half;
+      if (at.quad_lane == 0 && row < args.queries)
+        args.lse(b, h, row) = sum > 0.0f    ? (m[half] + math::log2(sum)) * ln_2<float>()
                                      : sum == 0.0f ? minus_infinity<float>()
                                                    : sum;
     }
