@@ -67,7 +67,7 @@ void BM_SgemmPrescottKernels(benchmark::State& state) {
 
 // C (float) = op(A) op(B) for an m x n x k product; Args: {m, n, k, transposes (0 NN, 1 NT, 2 TN),
 // operands (0: float through the BLAS; 1: bfloat16 on float copies; 2: bfloat16 on the CPU's bf16
-// dot products)}, on ExecSpace's threads (the BLAS set to as many).
+// dot products; 3: float16 on float copies)}, on ExecSpace's threads (the BLAS set to as many).
 template <class ExecSpace>
 void run_gemm(benchmark::State& state, int m, int n, int k, int transposes, int operands) {
   const char* trans_a = transposes == 2 ? "T" : "N";
@@ -100,6 +100,9 @@ void run_gemm(benchmark::State& state, int m, int n, int k, int transposes, int 
   if (operands == 0)
     seconds = run(Kokkos::View<float**, Kokkos::LayoutRight, typename ExecSpace::memory_space>("A", a_rows, a_cols),
         Kokkos::View<float**, Kokkos::LayoutRight, typename ExecSpace::memory_space>("B", b_rows, b_cols));
+  else if (operands == 3)
+    seconds = run(Kokkos::View<longattn::float16**, Kokkos::LayoutRight, typename ExecSpace::memory_space>("A", a_rows, a_cols),
+        Kokkos::View<longattn::float16**, Kokkos::LayoutRight, typename ExecSpace::memory_space>("B", b_rows, b_cols));
   else
     seconds = run(Kokkos::View<longattn::bfloat16**, Kokkos::LayoutRight, typename ExecSpace::memory_space>("A", a_rows, a_cols),
         Kokkos::View<longattn::bfloat16**, Kokkos::LayoutRight, typename ExecSpace::memory_space>("B", b_rows, b_cols));
@@ -118,9 +121,12 @@ void BM_Gemm(benchmark::State& state) {
 
 // The calibration's table (perf_tests/write_calibration.py): NN products on all host threads over
 // a grid of shapes; Args: {m, n, k, precision (0: float; 1: bfloat16 as this process runs it, on
-// the bf16 dot products or on float copies)}.
+// the bf16 dot products or on float copies; 2: float16, on float copies)}.
 void BM_GemmGrid(benchmark::State& state) {
-  const int operands = state.range(3) == 0 ? 0 : longattn::bf16_dot_products_in_use() ? 2 : 1;
+  const int operands = state.range(3) == 0   ? 0
+                       : state.range(3) == 2 ? 3
+                       : longattn::bf16_dot_products_in_use() ? 2
+                                                              : 1;
   run_gemm<Host>(state, int(state.range(0)), int(state.range(1)), int(state.range(2)), 0, operands);
 }
 
@@ -146,7 +152,7 @@ BENCHMARK_TEMPLATE(BM_Gemm, Host)
     ->UseRealTime()->Unit(benchmark::kMillisecond);
 
 BENCHMARK(BM_GemmGrid)
-    ->ArgsProduct({{256, 1024, 4096, 16384}, {64, 256, 1024}, {64, 256, 1024}, {0, 1}})
+    ->ArgsProduct({{256, 1024, 4096, 16384}, {64, 256, 1024}, {64, 256, 1024}, {0, 1, 2}})
     ->UseRealTime()->Unit(benchmark::kMillisecond);
 
 int main(int argc, char* argv[]) {

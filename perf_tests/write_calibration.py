@@ -2,8 +2,9 @@
 """Writes the kernel efficiencies longattn-plan reads with --calibration: the fraction of the
 machine's measured peak that the matmul (sgemm through Kokkos Kernels) and the fused attention
 kernels (dense, dilated, block-sparse; forward + backward) reach on this machine, and a table of
-matrix-product efficiencies by shape (m in 256-16384 rows, n and k in 64-1024; float, and
-bfloat16 as this machine runs it: longattn_bench_ceilings' BM_GemmGrid), from which the
+matrix-product efficiencies by shape (m in 256-16384 rows, n and k in 64-1024; float, bfloat16
+as this machine runs it and float16, each with its operand copies as the gemm call makes them:
+longattn_bench_ceilings' BM_GemmGrid), from which the
 planner takes each of a model's products at the measured shape nearest to its own. The table is
 measured on one core, as a fraction of one core's peak: what each of longattn-train's ranks of
 one thread reaches (with several threads per process, Kokkos' spinning OpenMP threads and
@@ -11,10 +12,18 @@ OpenBLAS' own share the cores, and the small 16-bit products measured 10-50x slo
 
     perf_tests/write_calibration.py BUILD_DIR OUT.json
 
+It also times longattn-train's own kernels on one rank of one thread, in each precision, under
+the kernel_times Kokkos Tools library (perf_tests/element_costs.py): the cost per element of
+those that are neither matrix products nor attention (LayerNorm, GELU, the row kernels, the
+loss, the optimizer: plan::ElementClass), dense attention's efficiency
+at head dimensions 16-128, and the factors of dilated and block-sparse attention and of a
+context-parallel ring against it.
+
 BUILD_DIR is a build with apps and benchmarks (build/test). The peak and sgemm come from
 longattn-info --json, the attention rates from longattn_bench_attention in the same run. Run it
 on the machine you plan for (on a GPU build, the GPU's kernels); the planner applies these
-fractions to the GPU table's peak.
+fractions to the GPU table's peak. The element costs are the host's: kernel_times sees a GPU
+kernel's launch only.
 """
 import datetime
 import json
@@ -22,6 +31,8 @@ import os
 import subprocess
 import sys
 import tempfile
+
+from element_costs import measure_trainer_kernels
 
 # One representative shape per kind (B = 1, H = 8, fp32): forward + backward.
 BENCHMARKS = {
@@ -63,16 +74,23 @@ def main():
     run = subprocess.run([ceilings_bench, "--benchmark_filter=^BM_GemmGrid/", "--benchmark_format=json",
                           "--benchmark_min_time=0.2"], check=True, capture_output=True, text=True,
                          env=dict(env, OMP_NUM_THREADS="1"))
-    core_peak = ceilings["fp32_fma_peak_one_core"]["gflops"]
-    shapes = {"fp32": [], "16bit": []}
-    for b in json.loads(run.stdout)["benchmarks"]:
+    grid = json.loads(run.stdout)
+    # A virtual machine's clock drifts by 10-20% between probes: the higher of longattn-info's
+    # one-core peak and the one the grid's program measured just before its products.
+    core_peak = max(ceilings["fp32_fma_peak_one_core"]["gflops"], float(grid["context"]["fp32_fma_peak_one_core_gflops"]))
+    shapes = {"fp32": [], "16bit": [], "fp16": []}
+    for b in grid["benchmarks"]:
         m, n, k, precision = (int(x) for x in b["name"].split("/")[1:5])
         fraction = b["FLOP/s"] / 1e9 / core_peak
-        if not 0 < fraction <= 1:
+        if not 0 < fraction <= (2 if precision else 1):  # AVX512-BF16: two products a lane, up to 2x
             sys.exit(f"write_calibration.py: {b['name']} reached {fraction:.3f} of the measured peak; re-run on a quiet machine")
-        shapes["16bit" if precision else "fp32"].append([m, n, k, round(fraction, 4)])
+        shapes[["fp32", "16bit", "fp16"][precision]].append([m, n, k, round(fraction, 4)])
     efficiency["matmul_shapes"] = shapes
+    (efficiency["element_costs"], efficiency["attention_by_head_dim"],
+     efficiency["attention_factors"]) = measure_trainer_kernels(build, core_peak, env)
     efficiency["fp32_fma_peak_gflops"] = peak  # what the fractions divide by (plan_check.py reads it)
+    efficiency["fp32_fma_peak_one_core_gflops"] = core_peak
+    efficiency["cores"] = ceilings["cores"]
     efficiency["source"] = (f"measured {datetime.date.today()}, {ceilings['cores']} cores, "
                             f"FP32 FMA peak {peak:.1f} GFLOP/s; " + ", ".join(f"{k}: {v}" for k, v in BENCHMARKS.items()))
     with open(out_path, "w") as f:

@@ -320,16 +320,124 @@ TEST_CASE("calibration files: read, and refused when a value is missing or not a
   std::ofstream(path) << "{" << attention
                       << R"(, "matmul_shapes": {"fp32": [[256, 64, 64, 0.2], [4096, 1024, 1024, 0.8]], "16bit": [[256, 64, 64, 0.1]]}})";
   const Efficiency shaped = read_calibration(path);
-  CHECK(shaped.matmul_at(300, 70, 60, false) == 0.2);
-  CHECK(shaped.matmul_at(8192, 2048, 512, false) == 0.8);
-  CHECK(shaped.matmul_at(8192, 2048, 512, true) == 0.1);
-  CHECK(e.matmul_at(8192, 2048, 512, true) == 0.6);  // no table: the one matmul efficiency
+  CHECK(shaped.matmul_at(300, 70, 60, Precision::fp32) == 0.2);
+  CHECK(shaped.matmul_at(8192, 2048, 512, Precision::fp32) == 0.8);
+  CHECK(shaped.matmul_at(8192, 2048, 512, Precision::bf16) == 0.1);
+  CHECK(shaped.matmul_at(8192, 2048, 512, Precision::fp16) == 0.1);  // no fp16 table: the 16-bit one
+  CHECK(e.matmul_at(8192, 2048, 512, Precision::bf16) == 0.6);  // no table: the one matmul efficiency
+  // fp16 apart (a CPU's fp16 products run on float copies); 16-bit products may reach 2x a CPU's FP32 peak.
+  std::ofstream(path) << "{" << attention
+                      << R"(, "matmul_shapes": {"fp32": [[256, 64, 64, 0.2]], "16bit": [[256, 64, 64, 1.6]], "fp16": [[256, 64, 64, 0.15]]}})";
+  const Efficiency halves = read_calibration(path);
+  CHECK(halves.matmul_at(256, 64, 64, Precision::bf16) == 1.6);
+  CHECK(halves.matmul_at(256, 64, 64, Precision::fp16) == 0.15);
   std::ofstream(path) << "{" << attention << R"(, "matmul_shapes": {"fp32": [[256, 64, 0.2]], "16bit": []}})";
   CHECK_THROWS_WITH(read_calibration(path), Contains("expected [m, n, k, efficiency] with sizes >= 1"));
   std::ofstream(path) << "{" << attention << R"(, "matmul_shapes": {"fp32": [[256, 64, 64, 1.5]], "16bit": []}})";
   CHECK_THROWS_WITH(read_calibration(path), Contains("matmul_shapes.fp32 efficiency' is 1.5"));
   std::ofstream(path) << "{" << attention << R"(, "matmul_shapes": {"fp32": []}})";
   CHECK_THROWS_WITH(read_calibration(path), Contains("an array at \"matmul_shapes.16bit\""));
+  // Element-wise costs, per precision; a precision left out is not timed.
+  const std::string classes = R"("norm_forward": 10, "norm_backward": 20, "gelu_forward": 30, "gelu_backward": 40,
+                                 "rows": 5, "loss": 6)";
+  std::ofstream(path) << "{" << attention << R"(, "element_costs": {"bf16": {)" << classes << R"(, "optimizer": 7}}})";
+  const Efficiency costed = read_calibration(path);
+  REQUIRE(costed.element_costs[int(Precision::bf16)]);
+  CHECK((*costed.element_costs[int(Precision::bf16)])[int(ElementClass::gelu_backward)] == 40);
+  CHECK((*costed.element_costs[int(Precision::bf16)])[int(ElementClass::optimizer)] == 7);
+  CHECK_FALSE(costed.element_costs[int(Precision::fp32)]);
+  std::ofstream(path) << "{" << attention << R"(, "element_costs": {"fp16": {)" << classes << "}}}";
+  CHECK_THROWS_WITH(read_calibration(path), Contains("a number at \"element_costs.fp16.optimizer\""));
+  std::ofstream(path) << "{" << attention << R"(, "element_costs": {"fp32": {)" << classes << R"(, "optimizer": -1}}})";
+  CHECK_THROWS_WITH(read_calibration(path), Contains("argument 'calibration element_costs.fp32.optimizer' is -1"));
+  // Dense attention by head dimension: the nearest's, scaled by the kind's against dense's.
+  std::ofstream(path) << "{" << attention << R"(, "attention_by_head_dim": {"fp32": [[16, 0.2], [128, 0.4]]}})";
+  const Efficiency by_head = read_calibration(path);
+  CHECK(by_head.dense_attention_at(20, Precision::fp32) == 0.2);
+  CHECK(by_head.dense_attention_at(64, Precision::fp32) == 0.4);  // 64: nearer 128 in log
+  CHECK(by_head.dense_attention_at(64, Precision::bf16) == 0.5);  // no bf16 table: attention_dense
+  std::ofstream(path) << "{" << attention << R"(, "attention_factors": {"bf16": {"dilated": 0.5, "block_sparse": 0.7, "ring": 0.8}}})";
+  const Efficiency factored = read_calibration(path);
+  REQUIRE(factored.attention_factors[int(Precision::bf16)]);
+  CHECK(factored.attention_factors[int(Precision::bf16)]->ring == 0.8);
+  CHECK_FALSE(factored.attention_factors[int(Precision::fp16)]);
+  std::ofstream(path) << "{" << attention << R"(, "attention_factors": {"fp16": {"dilated": 0.5, "block_sparse": 0.7}}})";
+  CHECK_THROWS_WITH(read_calibration(path), Contains("a number at \"attention_factors.fp16.ring\""));
+  std::ofstream(path) << "{" << attention << R"(, "attention_factors": {"fp32": {"dilated": 0, "block_sparse": 1, "ring": 1}}})";
+  CHECK_THROWS_WITH(read_calibration(path), Contains("argument 'calibration attention_factors.fp32.dilated' is 0"));
+  std::ofstream(path) << "{" << attention << R"(, "attention_by_head_dim": {"fp32": [[0, 0.2]]}})";
+  CHECK_THROWS_WITH(read_calibration(path), Contains("expected [head dimension, efficiency] with a head dimension >= 1"));
   std::remove(path.c_str());
   CHECK_THROWS_WITH(read_calibration(path), Contains("a readable JSON file"));
+}
+
+TEST_CASE("element-wise kernels: the elements of each class, worked by hand, at their measured costs", "[plan]") {
+  // One layer of E 64, 2 heads, MLP 256, V 256, 128 tokens, 2 sequences a step in one micro-
+  // batch, one GPU of 1 GFLOP/s, fp32, no recomputation, MAGNETO's sub-LayerNorm.
+  Plan plan;
+  plan.model.layers = 1;
+  plan.model.hidden = 64;
+  plan.model.heads = 2;
+  plan.model.vocabulary = 256;
+  plan.model.sequence = 128;
+  plan.model.positions = Positions::learned;
+  plan.model.tied_embeddings = false;
+  plan.model.sub_layer_norm = true;
+  plan.training.global_batch_tokens = 2 * 128;
+  plan.training.precision = Precision::fp32;
+  plan.training.recompute = Recompute::none;
+  plan.cluster.gpus = 1;
+  plan.cluster.gpu.peak_flops_tf32 = plan.cluster.gpu.peak_flops_16bit = 1e9;
+  plan.layout = {1, 1, 1, 1, 0, 2};
+  const double R = 256, h = 64, f = 256, V = 256;
+  const auto count = [](const Estimate& e, ElementClass c) { return term(e.elements, to_string(c)).value; };
+  Estimate e = estimate(plan);
+  CHECK(count(e, ElementClass::norm_forward) == 3 * R * h + R * h);  // LN1, LN2, the sub-LN; the final norm
+  CHECK(count(e, ElementClass::norm_backward) == 4 * R * h);
+  CHECK(count(e, ElementClass::gelu_forward) == R * f);
+  CHECK(count(e, ElementClass::gelu_backward) == R * f);
+  // Bias adds on Q, K, V, the projection and the MLP, two residuals; forward and backward; the embeddings.
+  CHECK(count(e, ElementClass::rows) == 2 * (R * (3 * h + 2 * h + f) + 2 * R * h) + 2 * R * h);
+  CHECK(count(e, ElementClass::loss) == R * V);
+  CHECK(count(e, ElementClass::optimizer) == e.parameters_per_gpu);
+  CHECK(term(e.time, "element-wise kernels").value == 0);  // no costs: not counted
+  // Costs c (FLOP times per element): seconds = elements x c / peak.
+  ElementCosts costs{};
+  costs[int(ElementClass::norm_forward)] = 10;
+  costs[int(ElementClass::optimizer)] = 7;
+  plan.efficiency.element_costs[int(Precision::fp32)] = costs;
+  e = estimate(plan);
+  CHECK(term(e.time, "element-wise kernels").value == Approx((10 * 4 * R * h + 7 * e.parameters_per_gpu) / 1e9));
+  // Attention at its head dimension's measured efficiency (32: 0.25, then 0.125), times the kind's
+  // factor; the ring's only under context parallelism.
+  const auto compute = [&] { return term(estimate(plan).time, "compute").value; };
+  const auto attention_seconds = [&](double efficiency) { return estimate(plan).attention_flops_per_step / 1e9 / efficiency; };
+  plan.efficiency.attention_by_head_dim[int(Precision::fp32)] = {{32, 0.25}};
+  const double at_quarter = compute();
+  plan.efficiency.attention_by_head_dim[int(Precision::fp32)] = {{32, 0.125}};
+  CHECK(compute() - at_quarter == Approx(attention_seconds(0.125) - attention_seconds(0.25)));
+  plan.efficiency.attention_factors[int(Precision::fp32)] = Efficiency::AttentionFactors{0.5, 1, 0.25};
+  CHECK(compute() - at_quarter == Approx(attention_seconds(0.125) - attention_seconds(0.25)));  // dense, cp 1
+  plan.model.attention = "dilated:w=64,128;r=1,2";
+  const double dilated_half = compute();
+  plan.efficiency.attention_factors[int(Precision::fp32)]->dilated = 1;
+  CHECK(dilated_half - compute() == Approx(attention_seconds(0.0625) - attention_seconds(0.125)));
+  plan.model.attention = "dense";
+  plan.efficiency.attention_by_head_dim[int(Precision::fp32)].clear();
+  plan.efficiency.attention_factors[int(Precision::fp32)].reset();
+  // Full recomputation runs the layer's forward again; selective the sub-LayerNorm only.
+  plan.training.recompute = Recompute::full;
+  CHECK(count(estimate(plan), ElementClass::norm_forward) == 2 * 3 * R * h + R * h);
+  CHECK(count(estimate(plan), ElementClass::gelu_forward) == 2 * R * f);
+  plan.training.recompute = Recompute::selective;
+  CHECK(count(estimate(plan), ElementClass::norm_forward) == 4 * R * h + R * h);
+  // ZeRO 1 over 2 data-parallel ranks: each steps half the parameters.
+  plan.training.global_batch_tokens = 4 * 128;
+  plan.cluster.gpus = 2;
+  plan.layout.data = 2;
+  plan.layout.zero_stage = 1;
+  e = estimate(plan);
+  CHECK(count(e, ElementClass::optimizer) == e.parameters_per_gpu / 2);
+  plan.training.precision = Precision::bf16;
+  CHECK(term(estimate(plan).time, "element-wise kernels").value == 0);  // costs for fp32 only
 }

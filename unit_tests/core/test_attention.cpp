@@ -764,8 +764,12 @@ void check_extreme(const Shape& s, bool causal, double qk_scale, double v_scale,
   longattn::attention_backward(exec, qd, kd, vd, o, dod, lse, dq, dk, dv, opts);
   const double scale = softmax_scale != 0 ? std::abs(softmax_scale) : 1 / std::sqrt(double(s.head_dim));
   const double logits = s.head_dim * scale * qk_scale * qk_scale;
-  const double forward_tolerance =
-      tolerance<T>() + 4 * double(std::numeric_limits<longattn::accumulate_t<T>>::epsilon()) * logits;
+  // On bf16 dot products P is rounded to bfloat16 too: one more 2^-9 relative, as check_attention's
+  // (found by seed 3660149687 on an AVX512-BF16 machine: 0.0044 against 0.0039).
+  const bool dot_products = std::is_same_v<T, longattn::bfloat16> && longattn::bf16_dot_products_in_use() &&
+                            std::is_same_v<Memory, Kokkos::HostSpace>;
+  const double forward_tolerance = (dot_products ? 1.5 : 1.0) * tolerance<T>() +
+                                   4 * double(std::numeric_limits<longattn::accumulate_t<T>>::epsilon()) * logits;
   // 16-bit: 2x (measured up to 1.3x).
   const double backward_tolerance = (longattn::is_half_v<T> ? 2 : 1) * gradient_tolerance<T>() * std::max(1.0, scale);
   CHECK(relative_error(to_host(o), o_ref) <= forward_tolerance);

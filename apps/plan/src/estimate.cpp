@@ -331,6 +331,7 @@ Estimate estimate(const Plan& plan, const AttentionWork& work) {
   const double tokens_per_step = double(training.global_batch_tokens);
   e.model_flops_per_step = (dense_model + attention_model) * tokens_per_step;
   e.hardware_flops_per_step = (dense_hw + attention_hw) * tokens_per_step;
+  e.attention_flops_per_step = attention_hw * tokens_per_step;
   e.flops.push_back({"dense per token", dense_model, "6 Psi  [Narayanan21]"});
   e.flops.push_back({"attention per token", attention_model,
                      "3 x layers x 4 D x scores / s, " + work.spec + ": " + number(work.scores / a / s) +
@@ -340,7 +341,17 @@ Estimate estimate(const Plan& plan, const AttentionWork& work) {
                      std::string("+ the fused backward's recomputed scores") + (full ? " + full recomputation" : "")});
 
   // ---- Time per step ------------------------------------------------------------------------
-  const double e_attention = attention_efficiency(plan.efficiency, work.kind);
+  // Attention: dense at this head dimension, times the kind's factor (and the ring's under context
+  // parallelism) where the calibration measured them, else the kind's efficiency against dense's.
+  const std::optional<Efficiency::AttentionFactors>& factors =
+      plan.efficiency.attention_factors[std::size_t(training.precision)];
+  const double kind_factor = !factors ? attention_efficiency(plan.efficiency, work.kind) / plan.efficiency.attention_dense
+                             : work.kind == AttentionWork::Kind::dilated      ? factors->dilated
+                             : work.kind == AttentionWork::Kind::block_sparse ? factors->block_sparse
+                                                                              : 1.0;
+  const double ring_factor = factors && c > 1 && !dilated ? factors->ring : 1.0;
+  const double e_attention =
+      std::min(1.0, plan.efficiency.dense_attention_at(D, training.precision) * kind_factor * ring_factor);
   // The matrix products of one micro-batch on a rank of a stage, each at the efficiency of its
   // shape: a linear layer's forward (rows x O x I), dW (O x I x rows) and dx (rows x I x O), the
   // forward again under full recomputation. Tensor-parallel layers see all rows (gathered under
@@ -351,7 +362,7 @@ Estimate estimate(const Plan& plan, const AttentionWork& work) {
   double products_seconds = 0;
   const auto linear = [&](double R, double I, double O, double count, bool recomputed) {
     const auto seconds = [&](double m, double n, double k) {
-      return 2 * m * n * k / (peak * efficiency.matmul_at(m, n, k, sixteen_bit));
+      return 2 * m * n * k / (peak * efficiency.matmul_at(m, n, k, training.precision));
     };
     products_seconds += count * (seconds(R, O, I) * (recomputed ? 2 : 1) + seconds(O, I, R) + seconds(R, I, O));
   };
@@ -359,7 +370,39 @@ Estimate estimate(const Plan& plan, const AttentionWork& work) {
     linear(rows, I, O, L / p, full);
   linear(layout.vocab_parallel ? rows : head_rows, h, V / vocab_split, 1 / p, false);
   const double compute = micro_batches * products_seconds + tokens_per_step * attention_hw / (gpus * peak * e_attention);
-  const double per_micro_batch = compute / micro_batches;
+
+  // The element-wise kernels of one micro-batch (ElementClass), by the elements they process: the
+  // layers' norms (LN1, LN2 on replicated rows of h; the sub-LayerNorm on h / t) and GELU (f / t),
+  // forward again under full recomputation and the sub-LayerNorm under selective; the row kernels
+  // (bias adds and their gradients on every linear layer's output, two residual adds) forward and
+  // backward; the final norm, the embeddings and the loss (the head's rows, V / vocab split).
+  const double Rr = shape.replicated, sub = model.sub_layer_norm ? 1 : 0;
+  const double forward_passes = full ? 2 : 1, layers_here = L / p;
+  const double norms = 2 * Rr * h + sub * rows * h / t;
+  const double row_elements = rows * (3 * h / t + 2 * h + f / t) + 2 * Rr * h;
+  const bool zero_sharded = layout.zero_stage >= 1 && n_dp > 1;  // each rank steps its 1/(dp x cp) of Psi_gpu
+  std::array<double, element_class_count> elements{};
+  elements[int(ElementClass::norm_forward)] =
+      micro_batches * (layers_here * (norms * forward_passes +
+                                      (training.recompute == Recompute::selective ? sub * rows * h / t : 0)) +
+                       Rr * h / p);
+  elements[int(ElementClass::norm_backward)] = micro_batches * (layers_here * norms + Rr * h / p);
+  elements[int(ElementClass::gelu_forward)] = micro_batches * layers_here * rows * f / t * forward_passes;
+  elements[int(ElementClass::gelu_backward)] = micro_batches * layers_here * rows * f / t;
+  elements[int(ElementClass::rows)] = micro_batches * (layers_here * row_elements * (forward_passes + 1) + 2 * Rr * h / p);
+  elements[int(ElementClass::loss)] = micro_batches * head_rows * V / vocab_split / p;
+  elements[int(ElementClass::optimizer)] = e.parameters_per_gpu / (zero_sharded ? n_dp : 1);
+  const std::optional<ElementCosts>& costs = efficiency.element_costs[std::size_t(training.precision)];
+  double element_seconds = 0;
+  for (int k = 0; k < element_class_count; ++k) {
+    const double cost = costs ? (*costs)[std::size_t(k)] : 0;
+    e.elements.push_back({to_string(ElementClass(k)), elements[std::size_t(k)],
+                          costs ? "x " + number(cost) + " FLOP times per element" : "not timed"});
+    element_seconds += elements[std::size_t(k)] * cost / peak;
+  }
+  const double optimizer_seconds = costs ? elements[int(ElementClass::optimizer)] * (*costs)[int(ElementClass::optimizer)] / peak : 0;
+
+  const double per_micro_batch = (compute + element_seconds - optimizer_seconds) / micro_batches;
   const double forward_share = (2 * e.parameters + attention_forward) / (dense_hw + attention_hw);
   const double forward_mb = per_micro_batch * forward_share, backward_mb = per_micro_batch - forward_mb;
   e.time.push_back({"compute", compute,
@@ -368,6 +411,11 @@ Estimate estimate(const Plan& plan, const AttentionWork& work) {
                              ? "matmul " + number(efficiency.matmul)
                              : std::string("each product's shape's, measured")) +
                         ") + attention FLOPs / (GPUs x peak x " + number(e_attention) + ")"});
+  e.time.push_back({"element-wise kernels", element_seconds,
+                    costs ? std::string("norms, GELU, row kernels, the loss and the optimizer: their elements "
+                                        "(the estimate's `elements`) x each class's measured cost / peak")
+                          : std::string("not counted: no element-wise costs for ") + to_string(training.precision) +
+                                " in the efficiencies (" + efficiency.source + ")"});
   e.time.push_back({"pipeline bubble", pipeline_bubble_fraction(p, micro_batches) * compute,
                     "(pp - 1) / micro-batches x compute, micro-batches = " + number(micro_batches) + "  [Narayanan21]"});
 

@@ -1,5 +1,6 @@
 #include "longattn/plan/inputs.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <fstream>
@@ -134,7 +135,9 @@ void validate_layout(const Plan& plan) {
 }
 
 Efficiency uniform_efficiency(double mfu) {
-  Efficiency e{mfu, mfu, mfu, mfu, "--mfu", {}, {}};
+  Efficiency e;
+  e.matmul = e.attention_dense = e.attention_dilated = e.attention_block_sparse = mfu;
+  e.source = "--mfu";
   require_fraction(mfu, "mfu");
   return e;
 }
@@ -148,11 +151,12 @@ Efficiency read_calibration(const std::string& path) {
   } catch (const nlohmann::json::exception& error) {
     throw_invalid_argument(where, "calibration", "\"" + path + "\"", std::string("valid JSON (") + error.what() + ")");
   }
-  const auto number = [&](const nlohmann::json& object, const char* key, const std::string& name) {
+  const auto number = [&](const nlohmann::json& object, const char* key, const std::string& name, double most = 1) {
     require(object.is_object() && object.contains(key) && object[key].is_number(), where, "calibration",
             "\"" + path + "\"", "a number at \"" + name + "\"");
     const double value = object[key].get<double>();
-    require(value > 0 && value <= 1, where, "calibration " + name, value, "a fraction of peak in (0, 1]");
+    require(value > 0 && value <= most, where, "calibration " + name, value,
+            most == 1 ? "a fraction of peak in (0, 1]" : "a fraction of peak in (0, 2]");
     return value;
   };
   Efficiency e;
@@ -164,8 +168,9 @@ Efficiency read_calibration(const std::string& path) {
   if (j.contains("matmul_shapes")) {
     const nlohmann::json& shapes = j["matmul_shapes"];
     for (const auto& [key, table] : {std::pair<const char*, std::vector<Efficiency::Product>*>{"fp32", &e.matmul_fp32},
-                                     {"16bit", &e.matmul_16bit}}) {
+                                     {"16bit", &e.matmul_16bit}, {"fp16", &e.matmul_fp16}}) {
       const std::string name = std::string("matmul_shapes.") + key;
+      if (table == &e.matmul_fp16 && shapes.is_object() && !shapes.contains(key)) continue;  // optional
       require(shapes.is_object() && shapes.contains(key) && shapes[key].is_array(), where, "calibration",
               """ + path + """, "an array at \"" + name + "\"");
       for (const nlohmann::json& row : shapes[key]) {
@@ -173,16 +178,73 @@ Efficiency read_calibration(const std::string& path) {
                 where, "calibration " + name, row.dump(), "[m, n, k, efficiency] with sizes >= 1");
         const double m = row[0].get<double>(), n = row[1].get<double>(), k = row[2].get<double>();
         require(m >= 1 && n >= 1 && k >= 1, where, "calibration " + name, row.dump(), "[m, n, k, efficiency] with sizes >= 1");
-        table->push_back({m, n, k, number(nlohmann::json{{"e", row[3]}}, "e", name + " efficiency")});
+        // 16-bit products on a CPU are fractions of its FP32 FMA peak, which AVX512-BF16's dot
+        // products (two products a lane) exceed by up to 2x.
+        table->push_back({m, n, k, number(nlohmann::json{{"e", row[3]}}, "e", name + " efficiency",
+                                          table == &e.matmul_fp32 ? 1 : 2)});
       }
+    }
+  }
+  if (j.contains("element_costs")) {
+    const nlohmann::json& costs = j["element_costs"];
+    for (const Precision precision : {Precision::bf16, Precision::fp16, Precision::fp32}) {
+      const char* key = to_string(precision);
+      if (!costs.is_object() || !costs.contains(key)) continue;
+      ElementCosts values{};
+      for (int c = 0; c < element_class_count; ++c) {
+        const char* name = to_string(ElementClass(c));
+        const std::string field = std::string("element_costs.") + key + "." + name;
+        const nlohmann::json& row = costs[key];
+        require(row.is_object() && row.contains(name) && row[name].is_number(), where, "calibration",
+                "\"" + path + "\"", "a number at \"" + field + "\"");
+        values[std::size_t(c)] = row[name].get<double>();
+        require(values[std::size_t(c)] >= 0, where, "calibration " + field, values[std::size_t(c)],
+                "a cost >= 0 (FLOP times per element)");
+      }
+      e.element_costs[std::size_t(precision)] = values;
+    }
+  }
+  if (j.contains("attention_by_head_dim")) {
+    const nlohmann::json& tables = j["attention_by_head_dim"];
+    for (const Precision precision : {Precision::bf16, Precision::fp16, Precision::fp32}) {
+      const char* key = to_string(precision);
+      if (!tables.is_object() || !tables.contains(key)) continue;
+      const std::string name = std::string("attention_by_head_dim.") + key;
+      require(tables[key].is_array(), where, "calibration", "\"" + path + "\"", "an array at \"" + name + "\"");
+      for (const nlohmann::json& row : tables[key]) {
+        require(row.is_array() && row.size() == 2 && row[0].is_number() && row[0].get<double>() >= 1, where,
+                "calibration " + name, row.dump(), "[head dimension, efficiency] with a head dimension >= 1");
+        e.attention_by_head_dim[std::size_t(precision)].push_back(
+            {row[0].get<double>(), number(nlohmann::json{{"e", row[1]}}, "e", name + " efficiency")});
+      }
+    }
+  }
+  if (j.contains("attention_factors")) {
+    const nlohmann::json& factors = j["attention_factors"];
+    for (const Precision precision : {Precision::bf16, Precision::fp16, Precision::fp32}) {
+      const char* key = to_string(precision);
+      if (!factors.is_object() || !factors.contains(key)) continue;
+      Efficiency::AttentionFactors values;
+      for (const auto& [name, value] : {std::pair<const char*, double*>{"dilated", &values.dilated},
+                                        {"block_sparse", &values.block_sparse}, {"ring", &values.ring}}) {
+        const std::string field = std::string("attention_factors.") + key + "." + name;
+        const nlohmann::json& row = factors[key];
+        require(row.is_object() && row.contains(name) && row[name].is_number(), where, "calibration",
+                "\"" + path + "\"", "a number at \"" + field + "\"");
+        *value = row[name].get<double>();
+        require(*value > 0 && *value <= 4, where, "calibration " + field, *value, "a factor in (0, 4]");
+      }
+      e.attention_factors[std::size_t(precision)] = values;
     }
   }
   e.source = path + (j.contains("source") && j["source"].is_string() ? " (" + j["source"].get<std::string>() + ")" : "");
   return e;
 }
 
-double Efficiency::matmul_at(double m, double n, double k, bool sixteen_bit) const {
-  const std::vector<Product>& table = sixteen_bit ? matmul_16bit : matmul_fp32;
+double Efficiency::matmul_at(double m, double n, double k, Precision precision) const {
+  const std::vector<Product>& table = precision == Precision::fp32                         ? matmul_fp32
+                                      : precision == Precision::fp16 && !matmul_fp16.empty() ? matmul_fp16
+                                                                                             : matmul_16bit;
   double best = matmul, distance = std::numeric_limits<double>::infinity();
   for (const Product& p : table) {
     const double d = std::pow(std::log(m / p.m), 2) + std::pow(std::log(n / p.n), 2) + std::pow(std::log(k / p.k), 2);
@@ -194,6 +256,20 @@ double Efficiency::matmul_at(double m, double n, double k, bool sixteen_bit) con
   return best;
 }
 
+double Efficiency::dense_attention_at(double head_dim, Precision precision) const {
+  const std::vector<HeadDim>& table = attention_by_head_dim[std::size_t(precision)];
+  if (table.empty()) return attention_dense;
+  const HeadDim* nearest = &table.front();
+  for (const HeadDim& row : table)
+    if (std::abs(std::log(head_dim / row.head_dim)) < std::abs(std::log(head_dim / nearest->head_dim))) nearest = &row;
+  return nearest->efficiency;
+}
+
+const char* to_string(ElementClass value) {
+  static constexpr const char* names[element_class_count] = {"norm_forward", "norm_backward", "gelu_forward",
+                                                             "gelu_backward", "rows", "loss", "optimizer"};
+  return names[int(value)];
+}
 const char* to_string(Positions value) { return value == Positions::rotary ? "rotary" : "learned"; }
 const char* to_string(Precision value) {
   return value == Precision::bf16 ? "bf16" : value == Precision::fp16 ? "fp16" : "fp32";

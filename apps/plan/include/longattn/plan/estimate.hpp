@@ -39,8 +39,10 @@ struct Estimate {
 
   std::vector<Term> flops;          // per token: dense part 6 Psi, attention; per step: model, hardware
   double model_flops_per_step = 0, hardware_flops_per_step = 0;
+  double attention_flops_per_step = 0;  // the attention's part of the hardware FLOPs
 
-  std::vector<Term> time;           // seconds per step: compute, bubble, exposed communication
+  std::vector<Term> elements;       // per step on a GPU: the elements each ElementClass processes
+  std::vector<Term> time;           // seconds per step: compute, element-wise kernels, bubble, exposed communication
   double step_seconds = 0, steps = 0, days = 0, gpu_hours = 0, cost = 0;
   double mfu = 0;                   // model FLOPs / (step time x GPUs x peak)
   double micro_batches = 0;         // per pipeline per step

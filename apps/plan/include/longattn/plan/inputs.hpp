@@ -2,7 +2,9 @@
 // What longattn-plan is asked: a model, how it is trained, the cluster and the parallel layout.
 // Every field has the default the CLI shows; validate() throws longattn::Error naming the first
 // bad field, its value and what is valid.
+#include <array>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -100,6 +102,18 @@ struct Layout {
 
 // Fraction of the GPU's peak that the kernels reach while computing (exposed communication and
 // the pipeline bubble are added separately): measured (perf_tests/write_calibration.py) or given.
+// Kernels that are neither matrix products nor attention, by the elements each class processes
+// in a step (estimate.cpp counts them): LayerNorm forward and backward, GELU forward and backward,
+// the row kernels (residual and bias adds, bias gradients, embeddings, fills), the loss (softmax
+// and cross-entropy over the vocabulary) and the optimizer (per parameter: AdamW, the gradient
+// norm, 16-bit copies of the weights). A 16-bit product's operand copies are the product's.
+enum class ElementClass { norm_forward, norm_backward, gelu_forward, gelu_backward, rows, loss, optimizer };
+constexpr int element_class_count = 7;
+const char* to_string(ElementClass value);
+// A class's cost per element as the time of that many FLOPs at the peak (seconds = elements x
+// cost / peak), so that ranks sharing a core take proportionally longer.
+using ElementCosts = std::array<double, element_class_count>;
+
 struct Efficiency {
   // A matrix product C [m, n] = A [m, k] B [k, n] as measured (perf_tests/write_calibration.py).
   struct Product {
@@ -110,10 +124,31 @@ struct Efficiency {
   double attention_dilated = 0.45;
   double attention_block_sparse = 0.45;
   std::string source = "assumed (no --mfu or --calibration given)";
-  // Products by shape, in fp32 and in 16 bits (what 16-bit training runs): the efficiency of
-  // the measured shape nearest to a product's (log-distance over m, n, k). Empty: `matmul`.
-  std::vector<Product> matmul_fp32, matmul_16bit;
-  double matmul_at(double m, double n, double k, bool sixteen_bit) const;
+  // Products by shape, as the gemm call runs them with their operand copies, in fp32, in 16 bits
+  // (bf16; on a CPU with AVX512-BF16 dot products up to 2, as a fraction of its FP32 FMA peak)
+  // and in fp16 where measured apart (a CPU's fp16 products run on float copies; else the 16-bit
+  // table's): the efficiency of the measured shape nearest to a product's (log-distance over m,
+  // n, k). Empty: `matmul`.
+  std::vector<Product> matmul_fp32, matmul_16bit, matmul_fp16;
+  double matmul_at(double m, double n, double k, Precision precision) const;
+  // Per precision (indexed by Precision), measured by write_calibration.py from longattn-train's
+  // own kernels; absent: the element-wise kernels are not counted (an --mfu covers them).
+  std::array<std::optional<ElementCosts>, 3> element_costs;
+  // Dense attention's efficiency by head dimension, per precision (indexed by Precision), measured
+  // in longattn-train's layers: the nearest measured head dimension's (log distance). Empty:
+  // attention_dense.
+  struct HeadDim {
+    double head_dim, efficiency;
+  };
+  std::array<std::vector<HeadDim>, 3> attention_by_head_dim;
+  double dense_attention_at(double head_dim, Precision precision) const;
+  // The other kinds against dense attention at the same head dimension, and dense attention in a
+  // context-parallel ring (its pieces and merges) against one rank's, measured in longattn-train
+  // per precision. Absent: attention_<kind> / attention_dense, and no ring factor.
+  struct AttentionFactors {
+    double dilated = 1, block_sparse = 1, ring = 1;
+  };
+  std::array<std::optional<AttentionFactors>, 3> attention_factors;
 };
 
 struct Plan {
@@ -131,7 +166,10 @@ void validate_layout(const Plan& plan);
 
 // Reads a calibration JSON ({"matmul": e, "attention": {"dense": e, "dilated": e,
 // "block_sparse": e}, "source": "...", optionally "matmul_shapes": {"fp32": [[m, n, k, e], ...],
-// "16bit": [...]}}); throws Error on a missing file or field, or an efficiency outside (0, 1].
+// "16bit": [...], optionally "fp16": [...]} and "element_costs": {"fp32": {"norm_forward": c, ... every class}, "bf16": ...,
+// "fp16": ...}, "attention_by_head_dim": {"fp32": [[D, e], ...], ...} and "attention_factors":
+// {"fp32": {"dilated": f, "block_sparse": f, "ring": f}, ...}); throws Error on a missing file or
+// field, an efficiency outside (0, 1], a negative cost or a factor outside (0, 4].
 Efficiency read_calibration(const std::string& path);
 Efficiency uniform_efficiency(double mfu);
 

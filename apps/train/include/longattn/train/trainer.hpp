@@ -147,8 +147,13 @@ struct TrainResult {
   double predicted_memory_bytes = 0;
   std::vector<std::pair<std::string, double>> predicted_memory;
   // Its compute time per step on these ranks: hardware FLOPs / (ranks x FMA peak per rank x the
-  // calibration's efficiencies); its communication model (NVLink, InfiniBand) is not this machine's.
+  // calibration's efficiencies), and the element-wise kernels where the calibration timed them;
+  // its communication model (NVLink, InfiniBand) is not this machine's.
   double predicted_compute_seconds = 0;
+  // The elements each plan::ElementClass processes in a step on a rank (write_calibration.py
+  // divides the class's measured time by them).
+  std::vector<std::pair<std::string, double>> predicted_elements;
+  double predicted_attention_flops = 0;  // the attention's FLOPs in a step on a rank (hardware: recomputed too)
   std::vector<StepRecord> steps;
   std::vector<EvalRecord> evals;
   nlohmann::json to_json(const TrainConfig& config) const;
