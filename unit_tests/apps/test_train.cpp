@@ -99,6 +99,17 @@ std::string shared_path(const char* name) {
       .string();
 }
 
+// Efficiencies of matrix products and the three attention kinds, nothing measured by shape.
+plan::Efficiency test_efficiency(double matmul, double dense, double dilated, double block_sparse) {
+  plan::Efficiency e;
+  e.matmul = matmul;
+  e.attention_dense = dense;
+  e.attention_dilated = dilated;
+  e.attention_block_sparse = block_sparse;
+  e.source = "test";
+  return e;
+}
+
 }  // namespace
 
 TEST_CASE("the whole model's gradients match finite differences", "[train][gradients]") {
@@ -626,7 +637,7 @@ TEST_CASE("a run carries longattn-plan's memory and compute-time prediction for 
   c.micro_batch = world.size() <= 2 ? 2 : 1;
   c.zero = world.size() > 1 ? 1 : 0;
   c.peak_gflops = 100;  // all ranks' cores: each rank a "device" of 100 / ranks
-  c.efficiency = {0.5, 0.25, 0.3, 0.35, "test", {}, {}, {}, {}, {}};
+  c.efficiency = test_efficiency(0.5, 0.25, 0.3, 0.35);
   c.memory_limit_mib = 4096;  // a pool of the run's own
   const TrainResult r = run_training(c, world, nullptr);
   plan::Plan p;
@@ -653,7 +664,7 @@ TEST_CASE("a run carries longattn-plan's memory and compute-time prediction for 
   p.layout.zero_stage = c.zero;
   p.layout.micro_batch = c.micro_batch;
   p.cluster.gpu.peak_flops_tf32 = p.cluster.gpu.peak_flops_16bit = 100e9 / world.size();
-  p.efficiency = {0.5, 0.25, 0.3, 0.35, "test", {}, {}, {}, {}, {}};
+  p.efficiency = test_efficiency(0.5, 0.25, 0.3, 0.35);
   const plan::Estimate expected = plan::estimate(p);
   // compute = the matrix products at 0.5 of the ranks' peak, dense attention at 0.25: less than
   // every hardware FLOP (6 Psi counts the embeddings, which are no product) at the lower one, and
@@ -661,7 +672,7 @@ TEST_CASE("a run carries longattn-plan's memory and compute-time prediction for 
   CHECK(r.predicted_compute_seconds == Approx(time_term(expected, "compute")).epsilon(1e-12));
   CHECK(r.predicted_compute_seconds < expected.hardware_flops_per_step / 100e9 / 0.25);
   plan::Plan slower = p;
-  slower.efficiency = {0.25, 0.125, 0.15, 0.175, "test", {}, {}, {}, {}, {}};
+  slower.efficiency = test_efficiency(0.25, 0.125, 0.15, 0.175);
   CHECK(time_term(plan::estimate(slower), "compute") == Approx(2 * r.predicted_compute_seconds).epsilon(1e-12));
   CHECK(r.predicted_memory_bytes == Approx(expected.memory_total).epsilon(1e-12));
   REQUIRE(r.predicted_memory.size() == expected.memory.size());
