@@ -393,14 +393,14 @@ Estimate estimate(const Plan& plan, const AttentionWork& work) {
   elements[int(ElementClass::loss)] = micro_batches * head_rows * V / vocab_split / p;
   elements[int(ElementClass::optimizer)] = e.parameters_per_gpu / (zero_sharded ? n_dp : 1);
   const std::optional<ElementCosts>& costs = efficiency.element_costs[std::size_t(training.precision)];
-  double element_seconds = 0;
+  double element_seconds = 0, optimizer_seconds = 0;  // the optimizer's once a step, not per micro-batch
   for (int k = 0; k < element_class_count; ++k) {
-    const double cost = costs ? (*costs)[std::size_t(k)] : 0;
+    const double cost = costs ? (*costs)[std::size_t(k)] : 0, seconds = elements[std::size_t(k)] * cost / peak;
     e.elements.push_back({to_string(ElementClass(k)), elements[std::size_t(k)],
                           costs ? "x " + number(cost) + " FLOP times per element" : "not timed"});
-    element_seconds += elements[std::size_t(k)] * cost / peak;
+    element_seconds += seconds;
+    if (ElementClass(k) == ElementClass::optimizer) optimizer_seconds = seconds;
   }
-  const double optimizer_seconds = costs ? elements[int(ElementClass::optimizer)] * (*costs)[int(ElementClass::optimizer)] / peak : 0;
 
   const double per_micro_batch = (compute + element_seconds - optimizer_seconds) / micro_batches;
   const double forward_share = (2 * e.parameters + attention_forward) / (dense_hw + attention_hw);

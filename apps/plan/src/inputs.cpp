@@ -185,58 +185,48 @@ Efficiency read_calibration(const std::string& path) {
       }
     }
   }
-  if (j.contains("element_costs")) {
-    const nlohmann::json& costs = j["element_costs"];
-    for (const Precision precision : {Precision::bf16, Precision::fp16, Precision::fp32}) {
-      const char* key = to_string(precision);
-      if (!costs.is_object() || !costs.contains(key)) continue;
-      ElementCosts values{};
-      for (int c = 0; c < element_class_count; ++c) {
-        const char* name = to_string(ElementClass(c));
-        const std::string field = std::string("element_costs.") + key + "." + name;
-        const nlohmann::json& row = costs[key];
-        require(row.is_object() && row.contains(name) && row[name].is_number(), where, "calibration",
-                "\"" + path + "\"", "a number at \"" + field + "\"");
-        values[std::size_t(c)] = row[name].get<double>();
-        require(values[std::size_t(c)] >= 0, where, "calibration " + field, values[std::size_t(c)],
-                "a cost >= 0 (FLOP times per element)");
-      }
-      e.element_costs[std::size_t(precision)] = values;
+  // Tables by precision ({"fp32": ..., "bf16": ..., "fp16": ...}): each one given, with its key.
+  const auto each_precision = [&](const char* tables, const auto& read) {
+    if (!j.contains(tables)) return;
+    for (const Precision precision : {Precision::bf16, Precision::fp16, Precision::fp32})
+      if (j[tables].is_object() && j[tables].contains(to_string(precision)))
+        read(precision, to_string(precision), j[tables][to_string(precision)]);
+  };
+  each_precision("element_costs", [&](Precision precision, const char* key, const nlohmann::json& row) {
+    ElementCosts values{};
+    for (int c = 0; c < element_class_count; ++c) {
+      const char* name = to_string(ElementClass(c));
+      const std::string field = std::string("element_costs.") + key + "." + name;
+      require(row.is_object() && row.contains(name) && row[name].is_number(), where, "calibration",
+              "\"" + path + "\"", "a number at \"" + field + "\"");
+      values[std::size_t(c)] = row[name].get<double>();
+      require(values[std::size_t(c)] >= 0, where, "calibration " + field, values[std::size_t(c)],
+              "a cost >= 0 (FLOP times per element)");
     }
-  }
-  if (j.contains("attention_by_head_dim")) {
-    const nlohmann::json& tables = j["attention_by_head_dim"];
-    for (const Precision precision : {Precision::bf16, Precision::fp16, Precision::fp32}) {
-      const char* key = to_string(precision);
-      if (!tables.is_object() || !tables.contains(key)) continue;
-      const std::string name = std::string("attention_by_head_dim.") + key;
-      require(tables[key].is_array(), where, "calibration", "\"" + path + "\"", "an array at \"" + name + "\"");
-      for (const nlohmann::json& row : tables[key]) {
-        require(row.is_array() && row.size() == 2 && row[0].is_number() && row[0].get<double>() >= 1, where,
-                "calibration " + name, row.dump(), "[head dimension, efficiency] with a head dimension >= 1");
-        e.attention_by_head_dim[std::size_t(precision)].push_back(
-            {row[0].get<double>(), number(nlohmann::json{{"e", row[1]}}, "e", name + " efficiency")});
-      }
+    e.element_costs[std::size_t(precision)] = values;
+  });
+  each_precision("attention_by_head_dim", [&](Precision precision, const char* key, const nlohmann::json& rows) {
+    const std::string name = std::string("attention_by_head_dim.") + key;
+    require(rows.is_array(), where, "calibration", "\"" + path + "\"", "an array at \"" + name + "\"");
+    for (const nlohmann::json& row : rows) {
+      require(row.is_array() && row.size() == 2 && row[0].is_number() && row[0].get<double>() >= 1, where,
+              "calibration " + name, row.dump(), "[head dimension, efficiency] with a head dimension >= 1");
+      e.attention_by_head_dim[std::size_t(precision)].push_back(
+          {row[0].get<double>(), number(nlohmann::json{{"e", row[1]}}, "e", name + " efficiency")});
     }
-  }
-  if (j.contains("attention_factors")) {
-    const nlohmann::json& factors = j["attention_factors"];
-    for (const Precision precision : {Precision::bf16, Precision::fp16, Precision::fp32}) {
-      const char* key = to_string(precision);
-      if (!factors.is_object() || !factors.contains(key)) continue;
-      Efficiency::AttentionFactors values;
-      for (const auto& [name, value] : {std::pair<const char*, double*>{"dilated", &values.dilated},
-                                        {"block_sparse", &values.block_sparse}, {"ring", &values.ring}}) {
-        const std::string field = std::string("attention_factors.") + key + "." + name;
-        const nlohmann::json& row = factors[key];
-        require(row.is_object() && row.contains(name) && row[name].is_number(), where, "calibration",
-                "\"" + path + "\"", "a number at \"" + field + "\"");
-        *value = row[name].get<double>();
-        require(*value > 0 && *value <= 4, where, "calibration " + field, *value, "a factor in (0, 4]");
-      }
-      e.attention_factors[std::size_t(precision)] = values;
+  });
+  each_precision("attention_factors", [&](Precision precision, const char* key, const nlohmann::json& row) {
+    Efficiency::AttentionFactors values;
+    for (const auto& [name, value] : {std::pair<const char*, double*>{"dilated", &values.dilated},
+                                      {"block_sparse", &values.block_sparse}, {"ring", &values.ring}}) {
+      const std::string field = std::string("attention_factors.") + key + "." + name;
+      require(row.is_object() && row.contains(name) && row[name].is_number(), where, "calibration",
+              "\"" + path + "\"", "a number at \"" + field + "\"");
+      *value = row[name].get<double>();
+      require(*value > 0 && *value <= 4, where, "calibration " + field, *value, "a factor in (0, 4]");
     }
-  }
+    e.attention_factors[std::size_t(precision)] = values;
+  });
   e.source = path + (j.contains("source") && j["source"].is_string() ? " (" + j["source"].get<std::string>() + ")" : "");
   return e;
 }

@@ -100,8 +100,6 @@ struct Layout {
   std::int64_t gpus() const { return tensor * pipeline * data * context; }
 };
 
-// Fraction of the GPU's peak that the kernels reach while computing (exposed communication and
-// the pipeline bubble are added separately): measured (perf_tests/write_calibration.py) or given.
 // Kernels that are neither matrix products nor attention, by the elements each class processes
 // in a step (estimate.cpp counts them): LayerNorm forward and backward, GELU forward and backward,
 // the row kernels (residual and bias adds, bias gradients, embeddings, fills), the loss (softmax
@@ -114,6 +112,8 @@ const char* to_string(ElementClass value);
 // cost / peak), so that ranks sharing a core take proportionally longer.
 using ElementCosts = std::array<double, element_class_count>;
 
+// Fraction of the GPU's peak that the kernels reach while computing (exposed communication and
+// the pipeline bubble are added separately): measured (perf_tests/write_calibration.py) or given.
 struct Efficiency {
   // A matrix product C [m, n] = A [m, k] B [k, n] as measured (perf_tests/write_calibration.py).
   struct Product {
