@@ -114,16 +114,13 @@ void check_forward_and_backward(const Shape& s, bool causal, std::mt19937_64& rn
   longattn::attention_backward<Tiles>(exec, qd, kd, vd, o, dod, lse, dq, dk, dv, opts);
   exec.fence();
 
-  // On bf16 dot products P and dS are rounded to bfloat16 too: one more 2^-9 relative.
-  const bool dot_products = std::is_same_v<T, longattn::bfloat16> && longattn::bf16_dot_products_in_use() &&
-                            std::is_same_v<Memory, Kokkos::HostSpace>;
   // On tensor cores (TensorCoreTiles on Kokkos::Cuda, for the head dims they take; 16-bit types,
   // float asks for them with allow_tf32 only) P and dS are rounded to the 16-bit type: twice the
   // tolerance, as test_tensor_cores.cpp's.
   const bool tensor_cores =
       longattn::is_half_v<T> &&
       longattn::detail::tensor_cores_compiled<ExecSpace, T, longattn::tiles_for_t<ExecSpace, Tiles>>();
-  const double rounding = dot_products ? 1.5 : 1.0;
+  const double rounding = longattn::test::dot_product_rounding<T, Memory>();
   const double forward_rounding =
       tensor_cores && longattn::detail::tensor_core::head_dim_supported<T>(s.head_dim, false) ? 2.0 : rounding;
   const double backward_rounding =
@@ -764,11 +761,7 @@ void check_extreme(const Shape& s, bool causal, double qk_scale, double v_scale,
   longattn::attention_backward(exec, qd, kd, vd, o, dod, lse, dq, dk, dv, opts);
   const double scale = softmax_scale != 0 ? std::abs(softmax_scale) : 1 / std::sqrt(double(s.head_dim));
   const double logits = s.head_dim * scale * qk_scale * qk_scale;
-  // On bf16 dot products P is rounded to bfloat16 too: one more 2^-9 relative, as check_attention's
-  // (found by seed 3660149687 on an AVX512-BF16 machine: 0.0044 against 0.0039).
-  const bool dot_products = std::is_same_v<T, longattn::bfloat16> && longattn::bf16_dot_products_in_use() &&
-                            std::is_same_v<Memory, Kokkos::HostSpace>;
-  const double forward_tolerance = (dot_products ? 1.5 : 1.0) * tolerance<T>() +
+  const double forward_tolerance = longattn::test::dot_product_rounding<T, Memory>() * tolerance<T>() +
                                    4 * double(std::numeric_limits<longattn::accumulate_t<T>>::epsilon()) * logits;
   // 16-bit: 2x (measured up to 1.3x).
   const double backward_tolerance = (longattn::is_half_v<T> ? 2 : 1) * gradient_tolerance<T>() * std::max(1.0, scale);

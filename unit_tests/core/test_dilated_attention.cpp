@@ -10,6 +10,7 @@
 #include <sstream>
 #include <string>
 
+#include "bf16_dot_products.hpp"
 #include "execution_spaces.hpp"
 #include "longattn/core/attention.hpp"
 #include "longattn/core/dilated_attention.hpp"
@@ -91,7 +92,9 @@ void check_against_reference(const Case& c, DilatedMode mode, bool causal, std::
   exec.fence();
   // In the 16-bit types o is rounded once per configuration merged into it and a gradient once
   // per pass that adds to it.
-  const double rounds = longattn::is_half_v<T> ? double(c.w.size()) : 1;
+  // bf16 dot products round P and dS too (dot_product_rounding).
+  const double rounds = (longattn::is_half_v<T> ? double(c.w.size()) : 1) *
+                        longattn::test::dot_product_rounding<T, Memory>();
   CHECK(relative_error(to_host(o), o_ref) <= rounds * tolerance<T>());
   CHECK(relative_error(to_host(lse), lse_ref) <= tolerance<T>());
   CHECK(relative_error(to_host(dq), dq_ref) <= rounds * gradient_tolerance<T>());
