@@ -99,6 +99,7 @@ def draw_case(rng):
                    "--precision", precision,
                    "--recompute", rng.choice(["none", "selective", "full"]),
                    "--grad-reduce", rng.choice(["fp32", "model"]),
+                   "--positions", rng.choice(["learned", "rotary"]),  # every head dim drawn is even
                    "--task", "long_range"]
         if sequence_parallel:
             options.append("--sequence-parallel")
@@ -110,7 +111,7 @@ def describe(ranks, options):
     text = (f"{ranks} ranks tp {o['--tp']} cp {o['--cp']}{' sp' if '--sequence-parallel' in options else ''} "
             f"ZeRO {o['--zero']} | L {o['--layers']} E {o['--embed']} H {o['--heads']} N {o['--context']} "
             f"batch {o['--batch']}/mb {o['--micro-batch']} | {o['--precision']} {o['--recompute']} "
-            f"reduce {o['--grad-reduce']} | {o['--attention']}")
+            f"reduce {o['--grad-reduce']} | {o['--positions']} positions, {o['--attention']}")
     return text
 
 

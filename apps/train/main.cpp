@@ -39,6 +39,7 @@ int main(int argc, char** argv) {
   TrainConfig c;
   std::string task = to_string(c.data.task), attention = to_string(c.model.attention), json_path, config_path;
   std::string recompute = to_string(c.model.recompute), precision = to_string(c.precision);
+  std::string positions = to_string(c.model.positions);
   std::string grad_reduce = to_string(c.grad_reduce), calibration;
   const std::map<std::string, Task> tasks{{"text", Task::text}, {"long_range", Task::long_range}};
 
@@ -51,6 +52,9 @@ int main(int argc, char** argv) {
   app.add_option("--embed", c.model.embed, "embedding size E (MLP 4E)")->group("Model");
   app.add_option("--heads", c.model.heads, "attention heads (dividing E)")->group("Model");
   app.add_option("--context", c.model.context, "tokens per sequence N")->group("Model");
+  app.add_option("--positions", positions,
+                 "learned (an embedding per position: context x E parameters) or rotary (Q and K turned by their "
+                 "positions in every attention layer: no parameters; an even head dim)")->group("Model");
   app.add_option("--attention", attention,
                  "dense | dilated:w=<lengths>;r=<rates> | block_sparse:pattern=<name>;<fields> | auto "
                  "(the core's attention specs, docs/user-guide.md)")->group("Model");
@@ -126,6 +130,7 @@ int main(int argc, char** argv) {
     longattn::apps::parse_with_config(app, argc, argv, "longattn-train");
     c.model.attention = longattn::parse_attention_spec(attention);  // once, here at the edge
     c.model.recompute = parse_recompute(recompute);
+    c.model.positions = parse_positions(positions);
     if (!model_name.empty()) {
       const ModelShape shape = named_model_shape(model_name);
       if (app.count("--layers") == 0) c.model.layers = shape.layers;

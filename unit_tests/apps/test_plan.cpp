@@ -398,6 +398,11 @@ TEST_CASE("element-wise kernels: the elements of each class, worked by hand, at 
   CHECK(count(e, ElementClass::gelu_backward) == R * f);
   // Bias adds on Q, K, V, the projection and the MLP, two residuals; forward and backward; the embeddings.
   CHECK(count(e, ElementClass::rows) == 2 * (R * (3 * h + 2 * h + f) + 2 * R * h) + 2 * R * h);
+  // Rotary positions turn Q and K forward and back, as row kernels; and have no parameters.
+  plan.model.positions = Positions::rotary;
+  CHECK(count(estimate(plan), ElementClass::rows) == 2 * (R * (3 * h + 2 * h + f + 2 * h) + 2 * R * h) + 2 * R * h);
+  CHECK(e.parameters - estimate(plan).parameters == 128 * h);
+  plan.model.positions = Positions::learned;
   CHECK(count(e, ElementClass::loss) == R * V);
   CHECK(count(e, ElementClass::optimizer) == e.parameters_per_gpu);
   CHECK(term(e.time, "element-wise kernels").value == 0);  // no costs: not counted

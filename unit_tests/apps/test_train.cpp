@@ -121,7 +121,8 @@ TEST_CASE("the whole model's gradients match finite differences", "[train][gradi
   config.seed = test::test_seed();
   const auto spec = GENERATE(as<std::string>{}, "dense", "dilated:w=32,64;r=1,2", "block_sparse:pattern=local_window;radius=64");
   config.attention = longattn::parse_attention_spec(spec);
-  INFO("attention " << spec << ", seed " << config.seed);
+  config.positions = GENERATE(PositionEncoding::learned, PositionEncoding::rotary);
+  INFO("attention " << spec << ", " << to_string(config.positions) << " positions, seed " << config.seed);
   using Model = Transformer<Host, double>;
   Model model(config);
   const int B = 2, n = 70;
@@ -162,7 +163,8 @@ TEST_CASE("recomputation gives the gradients of a model that keeps every activat
   config.seed = test::test_seed();
   const auto spec = GENERATE(as<std::string>{}, "dense", "dilated:w=32,64;r=1,2", "block_sparse:pattern=top_k;k=1");
   config.attention = longattn::parse_attention_spec(spec);
-  INFO("attention " << spec << ", seed " << config.seed);
+  config.positions = GENERATE(PositionEncoding::learned, PositionEncoding::rotary);  // rotary: Q, K turned again
+  INFO("attention " << spec << ", " << to_string(config.positions) << " positions, seed " << config.seed);
   using Model = Transformer<Host, double>;
   const int B = 3, n = 70;
   std::mt19937_64 rng(config.seed + 1);
@@ -470,6 +472,8 @@ TEST_CASE("tensor parallel: tp 2 trains the model of one rank", "[train][tp]") {
   TrainConfig c = tiny_config();
   c.model.attention = longattn::parse_attention_spec(spec);
   c.model.context = 128;
+  // Rotary positions with the sequence split: each rank's attention turns the gathered tokens.
+  c.model.positions = sequence_parallel ? PositionEncoding::rotary : PositionEncoding::learned;
   c.steps = 3;
   c.optimizer.clip = 0.05;  // below these gradients' norms: the split tensors' squares must add over tp
   TrainConfig one_config = c;
@@ -779,6 +783,7 @@ TEST_CASE("longattn-plan's memory holds on random models and layouts", "[train][
     c.model.recompute = std::vector<Recompute>{Recompute::none, Recompute::selective, Recompute::full}[rng() % 3];
     c.grad_reduce = pick({0, 1}) ? GradientReduce::fp32 : GradientReduce::model;
     c.sequence_parallel = c.tp > 1 && pick({0, 1});
+    c.model.positions = pick({0, 1}) ? PositionEncoding::rotary : PositionEncoding::learned;
     const TrainResult r = run_training(c, world, nullptr);
     std::ostringstream measured;
     for (const auto& [name, bytes] : r.memory_by_category) measured << name << " " << bytes << ", ";
@@ -786,7 +791,7 @@ TEST_CASE("longattn-plan's memory holds on random models and layouts", "[train][
     for (const auto& [name, bytes] : r.predicted_memory) predicted << name << " " << bytes << ", ";
     INFO("case " << n << ": " << ranks << " ranks tp " << c.tp << " cp " << c.cp << (c.sequence_parallel ? " sp" : "")
                  << " ZeRO " << c.zero << ", L " << c.model.layers << " E " << c.model.embed << " H " << c.model.heads
-                 << " N " << c.model.context << " batch " << c.batch << " mb " << c.micro_batch << ", "
+                 << " N " << c.model.context << " " << to_string(c.model.positions) << " positions, batch " << c.batch << " mb " << c.micro_batch << ", "
                  << to_string(c.precision) << " " << to_string(c.model.recompute) << " reduce "
                  << to_string(c.grad_reduce) << ", " << attention << "\nmeasured: " << measured.str()
                  << "\npredicted: " << predicted.str());
@@ -795,9 +800,11 @@ TEST_CASE("longattn-plan's memory holds on random models and layouts", "[train][
 }
 
 // cp 2 (ring attention, distributed dilated attention) against one rank: the same losses.
-static void check_context_parallel(const std::string& spec, Precision precision) {
+static void check_context_parallel(const std::string& spec, Precision precision,
+                                   PositionEncoding positions = PositionEncoding::learned) {
   TrainConfig c = tiny_config();
   c.precision = precision;
+  c.model.positions = positions;
   c.model.context = 256;  // zigzag: 4 chunks of one 64-token block
   c.model.attention = longattn::parse_attention_spec(spec);
   c.batch = 2;
@@ -815,6 +822,15 @@ TEST_CASE("context parallel: 2 ranks give the losses of 1, for each attention ki
                              "block_sparse:pattern=local_window;radius=64");
   INFO("attention " << spec);
   check_context_parallel(spec, Precision::fp32);
+}
+
+// Rotary positions under the ring's zigzag: each rank turns its two chunks by their global
+// positions, so the shards' scores are the whole sequence's.
+TEST_CASE("context parallel with rotary positions: 2 ranks give the losses of 1", "[train][grid]") {
+  if (!two_ranks()) return;
+  const auto spec = GENERATE(as<std::string>{}, "dense", "dilated:w=64,256;r=1,4");
+  INFO("attention " << spec);
+  check_context_parallel(spec, Precision::fp32, PositionEncoding::rotary);
 }
 
 // Accumulating k micro-batches sums the same per-token terms in another order: equal to the
@@ -1301,6 +1317,11 @@ TEST_CASE("bad options are refused naming them", "[train][errors]") {
   fails(bad, "argument 'micro-batch' is 3, expected a divisor of batch / dp = " + std::to_string(4 / world.size()));
   CHECK_THROWS_WITH(named_model_shape("7b"), Catch::Contains("argument 'model' is \"7b\", expected one of 350m, 1.3b"));
   CHECK_THROWS_WITH(parse_recompute("some"), Catch::Contains("argument 'recompute' is \"some\", expected one of none, selective, full"));
+  CHECK_THROWS_WITH(parse_positions("absolute"), Catch::Contains("argument 'positions' is \"absolute\", expected one of learned, rotary"));
+  bad = c;
+  bad.model.heads = 32;  // head dim 1
+  bad.model.positions = PositionEncoding::rotary;
+  fails(bad, "argument 'embed / heads' is 1, expected an even head dim with rotary positions");
   CHECK_THROWS_WITH(parse_precision("fp8"), Catch::Contains("argument 'precision' is \"fp8\", expected one of fp32, bf16, fp16"));
   CHECK_THROWS_WITH(parse_gradient_reduce("bf16"), Catch::Contains("argument 'grad-reduce' is \"bf16\", expected fp32 or model"));
   bad = c;

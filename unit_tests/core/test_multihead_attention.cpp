@@ -1,7 +1,8 @@
-// MultiheadAttention: forward against a naive double composition (projections, the reference
-// attention of the spec, LayerNorm, output projection), backward by central finite differences
-// of every parameter and input, gradient accumulation, MAGNETO initialization, the spec parser
-// and the factory, and bad input. LayerNorm's kernels on their own against their formulas.
+// MultiheadAttention: forward against a naive double composition (projections, rotary
+// positions, the reference attention of the spec, LayerNorm, output projection), backward by
+// central finite differences of every parameter and input, gradient accumulation, MAGNETO
+// initialization, the spec parser and the factory, and bad input. LayerNorm's kernels and the
+// rotary embedding on their own against their formulas.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -16,6 +17,7 @@
 #include "longattn/core/attention_spec.hpp"
 #include "longattn/core/layer_norm.hpp"
 #include "longattn/core/multihead_attention.hpp"
+#include "longattn/core/rotary.hpp"
 #include "reference/attention.hpp"
 #include "reference/block_sparse.hpp"
 #include "reference/dilated.hpp"
@@ -52,10 +54,26 @@ std::vector<double> to_vector(const View& view) {
   return std::vector<double>(mirror.data(), mirror.data() + mirror.span());
 }
 
+// Rotary embedding from its definition (rotary.hpp), in double: pair (i, i + D/2) of token t turned
+// by positions[t] * base^(-2i/D) (std::cos and std::sin reduce the large angles exactly).
+void reference_rotary(const HostTensor& x, const std::vector<int>& positions, double base) {
+  const int D = x.extent(3);
+  for (std::size_t b = 0; b < x.extent(0); ++b)
+    for (std::size_t t = 0; t < x.extent(1); ++t)
+      for (std::size_t h = 0; h < x.extent(2); ++h)
+        for (int i = 0; i < D / 2; ++i) {
+          const double angle = positions[t] * std::pow(base, -2.0 * i / D);
+          const double x0 = x(b, t, h, i), x1 = x(b, t, h, i + D / 2);
+          x(b, t, h, i) = x0 * std::cos(angle) - x1 * std::sin(angle);
+          x(b, t, h, i + D / 2) = x1 * std::cos(angle) + x0 * std::sin(angle);
+        }
+}
+
 // y of the module with parameters `p` (the flat layout of MultiheadAttention) on x, in double,
-// step by step from the layer's definition.
+// step by step from the layer's definition; `positions` for options.rotary (empty: 0 .. N-1).
 Host3 reference_module_forward(const Host3& x, const std::vector<double>& p, int H,
-                               const longattn::MultiheadAttentionOptions& options) {
+                               const longattn::MultiheadAttentionOptions& options,
+                               std::vector<int> positions = {}) {
   const int B = x.extent(0), N = x.extent(1), E = x.extent(2), D = E / H;
   const double* w_qkv = p.data();
   const double* b_qkv = w_qkv + 3 * E * E;
@@ -72,6 +90,12 @@ Host3 reference_module_forward(const Host3& x, const std::vector<double>& p, int
           for (int e = 0; e < E; ++e) sum += x(b, n, e) * w_qkv[(i * E + f) * E + e];
           qkv[i](b, n, f / D, f % D) = sum;
         }
+  if (options.rotary) {
+    if (positions.empty())
+      for (int t = 0; t < N; ++t) positions.push_back(t);
+    reference_rotary(qkv[0], positions, options.rotary_base);
+    reference_rotary(qkv[1], positions, options.rotary_base);
+  }
   HostTensor a("a", B, N, H, D);
   HostRows lse("lse", B, H, N);
   const longattn::AttentionSpec spec =
@@ -148,6 +172,26 @@ const SpecCase forward_cases[] = {
     {"block_sparse:pattern=top_k;k=2", 150},
 };
 
+template <class Memory>
+using Positions = Kokkos::View<int*, Memory>;
+
+template <class Memory>
+Positions<Memory> device_positions(const std::vector<int>& positions) {
+  Positions<Memory> device("positions", positions.size());
+  const auto host = Kokkos::create_mirror_view(device);
+  for (std::size_t t = 0; t < positions.size(); ++t) host(t) = positions[t];
+  Kokkos::deep_copy(device, host);
+  return device;
+}
+
+// N consecutive positions from a random start below 2^20: a shard of a long sequence.
+std::vector<int> shard_positions(int N, std::mt19937_64& rng) {
+  const int first = std::uniform_int_distribution<int>(0, 1 << 20)(rng);
+  std::vector<int> positions(N);
+  for (int t = 0; t < N; ++t) positions[t] = first + t;
+  return positions;
+}
+
 }  // namespace
 
 TEMPLATE_LIST_TEST_CASE("MultiheadAttention forward matches the layer computed naively in double",
@@ -201,13 +245,18 @@ TEMPLATE_LIST_TEST_CASE("MultiheadAttention backward matches central finite diff
                             {"block_sparse:pattern=top_k;k=2", 130}};
   for (const SpecCase& c : cases)
     for (bool causal : {false, true})
-      for (bool layer_norm : {true, false}) {
+      for (bool layer_norm : {true, false})
+      for (bool rotary : {false, true}) {
         const char* spec = c.spec;
         const int N = c.tokens;
         const int B = N > 64 ? 1 : 2;
-        INFO(spec << (causal ? " causal" : "") << (layer_norm ? " sub-LayerNorm" : "") << ", seed "
-                  << longattn::test::test_seed());
-        longattn::MultiheadAttention<TestType, double> module(E, H, module_options(spec, causal, layer_norm));
+        INFO(spec << (causal ? " causal" : "") << (layer_norm ? " sub-LayerNorm" : "") << (rotary ? " rotary" : "")
+                  << ", seed " << longattn::test::test_seed());
+        auto options = module_options(spec, causal, layer_norm);
+        options.rotary = rotary;
+        longattn::MultiheadAttention<TestType, double> module(E, H, options);
+        // Rotary: positions from a random start, as a context-parallel shard's.
+        const auto positions = rotary ? device_positions<Memory>(shard_positions(N, rng)) : Positions<Memory>();
         // Non-zero biases and LayerNorm parameters, so that their gradients' paths are exercised.
         auto parameters = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), module.parameters());
         std::uniform_real_distribution<double> uniform(-0.5, 0.5);
@@ -216,12 +265,12 @@ TEMPLATE_LIST_TEST_CASE("MultiheadAttention backward matches central finite diff
 
         const Host3 r = random_tokens(B, N, E, rng);  // loss = sum(y * r), so dy = r
         Tokens x = to_device3<double, Memory>(random_tokens(B, N, E, rng)), y("y", B, N, E), dx("dx", B, N, E);
-        module.forward(x, y);
+        module.forward(x, y, positions);
         module.backward(to_device3<double, Memory>(r), dx);
         const std::vector<double> dx_analytic = to_vector(dx), dp_analytic = to_vector(module.gradients());
 
         auto loss = [&] {
-          module.forward(x, y);
+          module.forward(x, y, positions);
           const std::vector<double> out = to_vector(y);
           double sum = 0;
           for (std::size_t i = 0; i < out.size(); ++i) sum += out[i] * r.data()[i];
@@ -415,6 +464,107 @@ TEMPLATE_LIST_TEST_CASE("MultiheadAttention with recompute_attention equals the 
     }
 }
 
+// Rotary positions (options.rotary): y against the naive layer with Q and K turned, at a shard's
+// positions and at the default 0 .. N-1, in double, float and bfloat16. A score depends on the
+// positions only through their differences: every position shifted alike leaves y as it was,
+// while the layer without rotary gives another y. (Gradients: the finite-difference test above.)
+TEMPLATE_LIST_TEST_CASE("MultiheadAttention with rotary positions matches the naive layer and sees only relative positions",
+                        "[core][module][rotary]", longattn::test::ExecutionSpaces) {
+  using Memory = typename TestType::memory_space;
+  std::mt19937_64 rng(longattn::test::test_seed());
+  const int B = 2, E = 12, H = 2;  // D = 6: three pairs a head
+  const SpecCase cases[] = {{"dense", 29}, {"dilated:w=8,16;r=1,2", 29}, {"block_sparse:pattern=local_window;radius=65", 150}};
+  for (const SpecCase& c : cases)
+    for (bool causal : {false, true}) {
+      const int N = c.tokens;
+      INFO(c.spec << (causal ? " causal" : "") << ", seed " << longattn::test::test_seed());
+      auto options = module_options(c.spec, causal, true);
+      options.rotary = true;
+      const Host3 x = random_tokens(B, N, E, rng);
+      const std::vector<int> shard = shard_positions(N, rng);
+      std::vector<int> shifted = shard;
+      for (int& p : shifted) p += 4321;
+      // y of a module storing and computing in T, at `positions` (empty: the default).
+      auto output = [&](auto zero, const longattn::MultiheadAttentionOptions& o, const std::vector<int>& positions) {
+        using T = decltype(zero);
+        longattn::MultiheadAttention<TestType, T> module(E, H, o);
+        Kokkos::View<T***, Kokkos::LayoutRight, Memory> y("y", B, N, E);
+        module.forward(to_device3<T, Memory>(x), y,
+                       positions.empty() ? Positions<Memory>() : device_positions<Memory>(positions));
+        return std::make_pair(to_vector(y), to_vector(module.parameters()));
+      };
+      auto largest_difference = [](const std::vector<double>& a, const std::vector<double>& b) {
+        double worst = 0;
+        for (std::size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::abs(a[i] - b[i]));
+        return worst;
+      };
+      auto worst_error = [&](auto zero, const std::vector<int>& positions) {
+        const auto [y, parameters] = output(zero, options, positions);
+        const Host3 y_ref = reference_module_forward(x, parameters, H, options, positions);
+        return largest_difference(y, std::vector<double>(y_ref.data(), y_ref.data() + y_ref.span()));
+      };
+      for (const std::vector<int>& positions : {shard, std::vector<int>()}) {
+        INFO((positions.empty() ? "default positions" : "positions from " + std::to_string(positions[0])));
+        // Double: angles of ~1e6 radians are ~1e-10 apart from the reference's (std::pow against exp).
+        CHECK(worst_error(0.0, positions) < 1e-9);
+        CHECK(worst_error(0.0f, positions) < 1e-4);
+        CHECK(worst_error(longattn::bfloat16(0.0), positions) < 0.05);
+      }
+      const std::vector<double> y = output(0.0, options, shard).first;
+      CHECK(largest_difference(output(0.0, options, shifted).first, y) < 1e-8);  // angles of ~1e6 radians
+      auto without = options;
+      without.rotary = false;
+      CHECK(largest_difference(output(0.0, without, {}).first, y) > 1e-3);
+    }
+}
+
+// The kernel on its own: each pair turned by its position's angles (odd sizes, negative and large
+// positions), Rotation::backward undoing Rotation::forward, and bad input.
+TEMPLATE_LIST_TEST_CASE("rotary_embedding turns each pair by its position's angles", "[core][module][rotary]",
+                        longattn::test::ExecutionSpaces) {
+  using Memory = typename TestType::memory_space;
+  std::mt19937_64 rng(longattn::test::test_seed());
+  const int B = 2, N = 7, H = 3, D = 10;
+  const double base = 500;
+  std::vector<int> positions(N);
+  for (int& p : positions) p = std::uniform_int_distribution<int>(-5, 1 << 24)(rng);
+  const HostTensor q = longattn::test::random_tensor<double>(B, N, H, D, rng);
+  const HostTensor k = longattn::test::random_tensor<double>(B, N, H, D, rng);
+  HostTensor q_ref("q", B, N, H, D), k_ref("k", B, N, H, D);
+  Kokkos::deep_copy(q_ref, q);
+  Kokkos::deep_copy(k_ref, k);
+  reference_rotary(q_ref, positions, base);
+  reference_rotary(k_ref, positions, base);
+  auto check = [&](auto zero, double tolerance) {
+    using T = decltype(zero);
+    INFO(longattn::detail::scalar_name<T>() << ", seed " << longattn::test::test_seed());
+    auto qd = longattn::test::to_device<T, Memory>(q), kd = longattn::test::to_device<T, Memory>(k);
+    const auto p = device_positions<Memory>(positions);
+    const TestType exec;
+    longattn::rotary_embedding(exec, qd, kd, p, base, longattn::Rotation::forward);
+    CHECK(longattn::test::relative_error(longattn::test::to_host(qd), q_ref) < tolerance);
+    CHECK(longattn::test::relative_error(longattn::test::to_host(kd), k_ref) < tolerance);
+    longattn::rotary_embedding(exec, qd, kd, p, base, longattn::Rotation::backward);
+    CHECK(longattn::test::relative_error(longattn::test::to_host(qd), q) < tolerance);
+    CHECK(longattn::test::relative_error(longattn::test::to_host(kd), k) < tolerance);
+  };
+  check(0.0, 1e-7);  // the angles of 2^24 radians in double: ~1e-9 apart from std::pow's
+  check(0.0f, 1e-6);
+
+  using Heads = Kokkos::View<double****, Kokkos::LayoutRight, Memory>;
+  const TestType exec;
+  const Heads q6("q", 1, 4, 2, 6), k6("k", 1, 4, 2, 6), odd("odd", 1, 4, 2, 5);
+  CHECK_THROWS_WITH(longattn::rotary_embedding(exec, odd, odd, Positions<Memory>("p", 4), base, longattn::Rotation::forward),
+                    Catch::Contains("'q.extent(3)' is 5, expected an even head dim"));
+  CHECK_THROWS_WITH(longattn::rotary_embedding(exec, q6, k6, Positions<Memory>("p", 4), 1.0, longattn::Rotation::forward),
+                    Catch::Contains("'base' is 1, expected a finite number above 1"));
+  CHECK_THROWS_WITH(longattn::rotary_embedding(exec, q6, Heads("k", 1, 3, 2, 6), Positions<Memory>("p", 4), base,
+                                               longattn::Rotation::forward),
+                    Catch::Contains("'k'"));
+  CHECK_THROWS_WITH(longattn::rotary_embedding(exec, q6, k6, Positions<Memory>("p", 5), base, longattn::Rotation::forward),
+                    Catch::Contains("'positions'"));
+}
+
 TEST_CASE("MultiheadAttention initializes as MAGNETO, reproducibly from its seed", "[core][module]") {
   using Host = Kokkos::DefaultHostExecutionSpace;
   const int E = 256, H = 4;
@@ -530,6 +680,18 @@ TEST_CASE("MultiheadAttention rejects bad input with a longattn::Error", "[core]
   CHECK_THROWS_WITH(module.backward(y, x), Catch::Contains("argument 'dx' is overlapping x (of the forward pass)"));
   CHECK_NOTHROW(module.backward(y, dx));
   CHECK_THROWS_WITH(module.activation_bytes(-1, 5), Catch::Contains("'batch' is -1, expected a count >= 0"));
+  CHECK_THROWS_WITH(module.forward(x, y, Positions<Kokkos::HostSpace>("p", 5)),
+                    Catch::Contains("'positions' is a view of 5, expected none without options.rotary"));
+
+  longattn::MultiheadAttentionOptions rotary;
+  rotary.rotary = true;
+  CHECK_THROWS_WITH(Module(6, 2, rotary), Catch::Contains("'embed_dim / heads' is 3, expected an even head dim with options.rotary"));
+  rotary.rotary_base = 0.5;
+  CHECK_THROWS_WITH(Module(8, 2, rotary), Catch::Contains("'options.rotary_base' is 0.5, expected a finite number above 1"));
+  rotary.rotary_base = longattn::rotary_default_base;
+  Module turning(8, 2, rotary);
+  CHECK_THROWS_WITH(turning.forward(x, y, Positions<Kokkos::HostSpace>("p", 4)), Catch::Contains("'positions'"));
+  CHECK_NOTHROW(turning.forward(x, y, Positions<Kokkos::HostSpace>("p", 5)));
 }
 
 // LayerNorm's kernels against the formulas in double: y = x_hat gamma + beta with x_hat =

@@ -375,11 +375,13 @@ Estimate estimate(const Plan& plan, const AttentionWork& work) {
   // layers' norms (LN1, LN2 on replicated rows of h; the sub-LayerNorm on h / t) and GELU (f / t),
   // forward again under full recomputation and the sub-LayerNorm under selective; the row kernels
   // (bias adds and their gradients on every linear layer's output, two residual adds) forward and
-  // backward; the final norm, the embeddings and the loss (the head's rows, V / vocab split).
+  // backward, and with rotary positions the turns of Q and K (priced as row kernels); the final
+  // norm, the embeddings and the loss (the head's rows, V / vocab split).
   const double Rr = shape.replicated, sub = model.sub_layer_norm ? 1 : 0;
   const double forward_passes = full ? 2 : 1, layers_here = L / p;
   const double norms = 2 * Rr * h + sub * rows * h / t;
-  const double row_elements = rows * (3 * h / t + 2 * h + f / t) + 2 * Rr * h;
+  const double rotary = model.positions == Positions::rotary ? 2 * h / t : 0;
+  const double row_elements = rows * (3 * h / t + 2 * h + f / t + rotary) + 2 * Rr * h;
   const bool zero_sharded = layout.zero_stage >= 1 && n_dp > 1;  // each rank steps its 1/(dp x cp) of Psi_gpu
   std::array<double, element_class_count> elements{};
   elements[int(ElementClass::norm_forward)] =

@@ -18,7 +18,8 @@ plan::Estimate planner_estimate(const TrainConfig& c, int ranks, double peak_flo
   p.model.sequence = c.model.context;
   p.model.attention = to_string(c.model.attention);
   p.model.causal = true;
-  p.model.positions = plan::Positions::learned;
+  p.model.positions =
+      c.model.positions == PositionEncoding::learned ? plan::Positions::learned : plan::Positions::rotary;
   p.model.tied_embeddings = false;  // the head has its own weights and bias
   p.model.sub_layer_norm = true;    // MultiheadAttention's MAGNETO sub-LayerNorm
   p.training.global_batch_tokens = c.batch * c.model.context;

@@ -61,7 +61,8 @@ class PhaseScope {
 // What a checkpoint must agree on with the run that resumes it.
 nlohmann::json run_identity(const TrainConfig& c) {
   return {{"layers", c.model.layers}, {"embed", c.model.embed}, {"heads", c.model.heads},
-          {"context", c.model.context}, {"attention", to_string(c.model.attention)}, {"seed", c.model.seed},
+          {"context", c.model.context}, {"positions", to_string(c.model.positions)},
+          {"attention", to_string(c.model.attention)}, {"seed", c.model.seed},
           {"task", to_string(c.data.task)}, {"text", c.data.task == Task::text ? c.data.text : ""},
           {"pairs", c.data.pairs}, {"queries", c.data.queries}, {"batch", c.batch}, {"data_seed", c.data_seed}};
 }
@@ -452,9 +453,11 @@ TrainResult train(const TrainConfig& config, const parallel::Communicator& world
       const nlohmann::json expected = run_identity(config);
       require(m.contains("run") && m["run"].is_object(), program, "checkpoint", "\"" + config.checkpoint + "\"",
               "a longattn-train checkpoint (metadata has no run)");
+      nlohmann::json written = m["run"];
+      if (!written.contains("positions")) written["positions"] = "learned";  // the only kind before --positions
       for (const auto& [key, value] : expected.items())
-        require(m["run"].contains(key) && m["run"][key] == value, program,
-                "checkpoint's " + key, m["run"].contains(key) ? m["run"][key].dump() : "missing",
+        require(written.contains(key) && written[key] == value, program,
+                "checkpoint's " + key, written.contains(key) ? written[key].dump() : "missing",
                 value.dump() + " (this run's; resume with the options the checkpoint was written with)");
       require(checkpoint.payload.size() == state_bytes, program, "checkpoint's payload bytes",
               checkpoint.payload.size(), std::to_string(state_bytes) + " (this model's parameters and optimizer state)");
@@ -606,7 +609,8 @@ TrainResult train(const TrainConfig& config, const parallel::Communicator& world
   result.transport = parallel::to_string(world.transport(Exec()));  // collective the first time on device memory
   if (out) {
     *out << "model     " << config.model.layers << " layers, embed " << config.model.embed << ", " << config.model.heads
-         << " heads, context " << N << ", attention " << to_string(config.model.attention) << ": " << result.parameters
+         << " heads, context " << N << ", " << to_string(config.model.positions) << " positions, attention "
+         << to_string(config.model.attention) << ": " << result.parameters
          << " parameters\n"
          << "data      " << to_string(config.data.task)
          << (config.data.task == Task::text ? " " + config.data.text + " (" + std::to_string(data->bytes(Split::train)) +

@@ -15,18 +15,24 @@
 namespace longattn::math {
 
 #if KOKKOS_VERSION >= 30700
+using Kokkos::cos;
 using Kokkos::exp;
 using Kokkos::exp2;
 using Kokkos::fabs;
+using Kokkos::floor;
 using Kokkos::log;
 using Kokkos::log2;
+using Kokkos::sin;
 using Kokkos::sqrt;
 #else
+using Kokkos::Experimental::cos;
 using Kokkos::Experimental::exp;
 using Kokkos::Experimental::exp2;
 using Kokkos::Experimental::fabs;
+using Kokkos::Experimental::floor;
 using Kokkos::Experimental::log;
 using Kokkos::Experimental::log2;
+using Kokkos::Experimental::sin;
 using Kokkos::Experimental::sqrt;
 #endif
 

@@ -39,5 +39,6 @@
 #include "longattn/core/layer_norm.hpp"
 #include "longattn/core/merge_partial.hpp"
 #include "longattn/core/multihead_attention.hpp"
+#include "longattn/core/rotary.hpp"
 #include "longattn/core/runtime.hpp"
 #include "longattn/core/sequence_parallel.hpp"

@@ -1,6 +1,7 @@
 // MultiheadAttention: the self-attention layer of a transformer block, forward and backward.
 //
 //   x [B, N, E] -> Q, K, V = x W_i^T + b_i   (i = q, k, v; each [B, N, E] = [B, N, H, D])
+//               -> Q, K turned by their positions (options.rotary: rotary.hpp; no parameters)
 //               -> A = attention(Q, K, V)    (dense, dilated or auto: the module's AttentionSpec)
 //               -> Z = LayerNorm(A)          (MAGNETO's sub-LayerNorm; optional, on by default)
 //               -> y = Z W_out^T + b_out
@@ -26,6 +27,9 @@
 // space's default instance and pool). Inputs are contiguous LayoutRight views.
 // set_attention_runner() replaces how the attention step runs (attention_runner.hpp): ring
 // attention over a context-parallel group, where x holds this rank's shard of the sequence.
+// With options.rotary, forward() takes the positions of x's tokens (global positions where x is a
+// shard of a longer sequence; default 0 .. N-1) and keeps a handle to them until backward(), which
+// turns dQ and dK back before the projections' gradients.
 //
 // Tensor parallelism (Megatron-LM), given a FeatureGroup of P ranks (feature_group.hpp): rank p
 // holds heads [p H/P, (p + 1) H/P) and so features F = E/P of them. W_qkv is column-parallel (its
@@ -63,6 +67,7 @@
 #include "longattn/core/gemm.hpp"
 #include "longattn/core/layer_norm.hpp"
 #include "longattn/core/execution_context.hpp"
+#include "longattn/core/rotary.hpp"
 #include "longattn/core/sequence_parallel.hpp"
 #include "longattn/error.hpp"
 
@@ -78,6 +83,8 @@ struct MultiheadAttentionOptions {
   bool recompute_attention = false; // keep Q, K, V only; backward() recomputes A, LSE and Z
   bool own_gradients = true;        // false: no gradient buffer; the caller lends one (use_gradients)
   bool sequence_parallel = false;   // with a group: x, y, dy, dx hold this rank's tokens (above)
+  bool rotary = false;              // rotary position embeddings on Q and K (rotary.hpp; even head dim)
+  double rotary_base = rotary_default_base;  // the base of their angles
 };
 
 // out[r][e] = bias[e] for every row of a [rows, E] matrix (the bias of a linear layer, before its
@@ -107,6 +114,7 @@ class MultiheadAttention {
   using ConstTokens = Kokkos::View<const T***, Kokkos::LayoutRight, memory_space>;
   using Flat = Kokkos::View<T*, memory_space>;
   using GradientFlat = Kokkos::View<Accumulate*, memory_space>;
+  using Positions = Kokkos::View<const int*, memory_space>;  // [N]: each token's position (rotary)
 
   // Named views into parameters() (of T) or gradients() (of Accumulate); F = E / P features of
   // this rank (E without tensor parallelism).
@@ -155,6 +163,10 @@ class MultiheadAttention {
             options.layer_norm_eps, "a positive finite number");
     require(options.gamma_init > 0 && std::isfinite(options.gamma_init), where, "options.gamma_init",
             options.gamma_init, "a positive finite number");
+    require(!options.rotary || (embed_dim / heads) % 2 == 0, where, "embed_dim / heads", embed_dim / heads,
+            "an even head dim with options.rotary (rotary embeddings turn features in pairs)");
+    require(!options.rotary || (options.rotary_base > 1 && std::isfinite(options.rotary_base)), where,
+            "options.rotary_base", options.rotary_base, "a finite number above 1");
     if (options.attention.kind == AttentionSpec::Kind::dilated)
       validate_dilated_config(options.attention.dilated, heads, where);
     {
@@ -253,6 +265,7 @@ class MultiheadAttention {
   void release_activations() {
     release_outputs();
     x_ = {};
+    positions_ = {};
     qkv_ = {};
     ones_ = {};
     batch_ = 0;
@@ -262,15 +275,24 @@ class MultiheadAttention {
   // Whether x, y, dy and dx hold this rank's tokens only (options.sequence_parallel with a group).
   bool sequence_parallel() const { return features_ && options_.sequence_parallel; }
 
-  void forward(const ConstTokens& x, const Tokens& y) {
+  // `positions` (options.rotary only; empty: 0 .. N-1): [N] for the N tokens of each sequence
+  // the attention sees, all of them under sequence parallelism; unchanged until backward().
+  void forward(const ConstTokens& x, const Tokens& y, const Positions& positions = {}) {
     const char* where = "longattn::MultiheadAttention::forward";
     check_tokens(where, "x", x, x.extent(0), x.extent(1));
     check_tokens(where, "y", y, x.extent(0), x.extent(1));
     check_no_alias(where, "y", y, "x", x);
     const ExecSpace& exec = context_.exec();
     const int shards = sequence_parallel() ? parts_ : 1;
-    reserve(exec, int(x.extent(0)), std::int64_t(x.extent(1)) * shards);
+    const std::int64_t tokens = std::int64_t(x.extent(1)) * shards;
+    require(options_.rotary || positions.size() == 0, where, "positions", "a view of " + std::to_string(positions.size()),
+            "none without options.rotary (positions only turn Q and K)");
+    if (positions.size() > 0)
+      check_extents(where, "positions", positions, {tokens},
+                    sequence_parallel() ? "[tokens of x x the group's ranks]" : "[tokens of x]");
+    reserve(exec, int(x.extent(0)), tokens);
     x_ = x;
+    positions_ = positions.size() > 0 || !options_.rotary ? positions : counting_positions(exec, tokens);
     const auto x_gathered = gather_tokens(x);
     const auto x_rows = rows_of(sequence_parallel() ? ConstTokens(x_gathered.view()) : x);
     // Q, K, V = x W_i^T + b_i: the bias broadcast into the output, then gemm with beta = 1.
@@ -278,6 +300,9 @@ class MultiheadAttention {
       broadcast_rows(exec, slice(weights_.b_qkv, i), matrix(qkv_, i));
       gemm(context_, "N", "T", one, x_rows, rows_block(weights_.w_qkv, i), one, matrix(qkv_, i));
     }
+    if (options_.rotary)
+      rotary_embedding(exec, heads_view(qkv_, 0), heads_view(qkv_, 1), positions_, options_.rotary_base,
+                       Rotation::forward);
     attend(exec);
     // y = Z W_out^T + b_out: each rank's partial product over its features, summed; b_out once.
     const auto y_whole = whole_tokens();
@@ -329,6 +354,9 @@ class MultiheadAttention {
     const auto& d_output = options_.sub_layer_norm ? d_attention : d_projection;
     runner_->backward(context_, attention_inputs(), {heads_view(attention_out_), lse_.view()}, heads_view(d_output),
                       {heads_view(d_qkv, 0), heads_view(d_qkv, 1), heads_view(d_qkv, 2)});
+    if (options_.rotary)  // the gradients of the turned Q and K, turned back: those of the projections
+      rotary_embedding(exec, heads_view(d_qkv, 0), heads_view(d_qkv, 1), positions_, options_.rotary_base,
+                       Rotation::backward);
     // Projections: db_i += colsum(dQ_i), dW_i += dQ_i^T x, dx = sum_i dQ_i W_i.
     for (int i = 0; i < 3; ++i) {
       add_column_sums(exec, matrix(d_qkv, i), ones_.view(), slice(grad.b_qkv, i));
@@ -449,6 +477,17 @@ class MultiheadAttention {
       layer_norm_forward(exec, matrix(attention_out_), weights_.ln_gamma, weights_.ln_beta, options_.layer_norm_eps,
                          matrix(normalized_), mean_.view(), rstd_.view());
   }
+  // 0 .. tokens-1, kept while the length stays (forward() without positions).
+  Positions counting_positions(const ExecSpace& exec, std::int64_t tokens) {
+    if (std::int64_t(counting_.size()) != tokens) {
+      counting_ = context_.template allocate<Kokkos::View<int*, memory_space>>(std::size_t(tokens));
+      const auto count = counting_.view();
+      Kokkos::parallel_for(
+          "longattn::MultiheadAttention::counting_positions", Kokkos::RangePolicy<ExecSpace>(exec, 0, int(tokens)),
+          KOKKOS_LAMBDA(int t) { count(t) = t; });
+    }
+    return counting_.view();
+  }
   void release_outputs() {
     attention_out_ = normalized_ = {};
     lse_ = {};
@@ -517,6 +556,8 @@ class MultiheadAttention {
   int batch_ = 0;
   std::int64_t tokens_ = 0;
   ConstTokens x_;
+  Positions positions_;                                            // of x_'s tokens (rotary)
+  memory::PooledView<Kokkos::View<int*, memory_space>> counting_;  // 0 .. N-1: positions by default
   memory::PooledView<Projections> qkv_;
   memory::PooledView<Activations> attention_out_, normalized_;
   memory::PooledView<Lse> lse_;

@@ -1,6 +1,7 @@
 // Transformer: the byte-level decoder-only language model of longattn-train, forward and backward.
 //
 //   tokens [B, n] -> x = tok_emb[token] + pos_emb[position]                       [R, E], R = B n
+//                   (rotary positions: x = tok_emb[token]; each attention turns Q and K instead)
 //   each of L blocks (pre-norm, as GPT-2; attention with MAGNETO's sub-LayerNorm):
 //     h1 = LayerNorm(x);  x2 = x + MultiheadAttention(h1)                         [R, E]
 //     h2 = LayerNorm(x2); u = h2 W1^T + b1; g = GELU(u); x = x2 + g W2^T + b2     u, g [R, F]
@@ -8,7 +9,7 @@
 //   loss = sum_r weight_r (logsumexp(logits_r) - logits_r[target_r]) / normalizer
 //
 // B sequences, n tokens of each on this rank (n = N / cp: the tokens of `positions`, which are
-// global positions, so a context-parallel rank embeds its shard where it sits in the sequence),
+// global positions, so a context-parallel rank embeds or turns its shard where it sits in the sequence),
 // E = embed, F = 4 E, V = 256 bytes. The caller gives the normalizer (the weighted tokens of the
 // global batch), so that the losses of all ranks add up to the mean over the global batch and
 // the gradients summed over ranks are its gradients.
@@ -73,15 +74,22 @@ namespace longattn::train {
 
 enum class Recompute { none, selective, full };
 enum class GradientMemory { kept, per_block };  // see the top of this file
+// How the model knows where a token is: a learned embedding per position (GPT-2: context x E
+// parameters) or rotary embeddings in every attention layer (RoFormer, LLaMA: none).
+enum class PositionEncoding { learned, rotary };
 const char* to_string(Recompute recompute);
 // "none", "selective" or "full"; throws longattn::Error naming `option` otherwise.
 Recompute parse_recompute(const std::string& text, const char* option = "recompute");
+const char* to_string(PositionEncoding positions);
+// "learned" or "rotary"; throws longattn::Error naming `option` otherwise.
+PositionEncoding parse_positions(const std::string& text, const char* option = "positions");
 
 struct ModelConfig {
   int layers = 4;
   int embed = 256;                   // E
   int heads = 4;                     // head dim E / heads
-  std::int64_t context = 256;        // N: tokens per sequence (positions learned up to N)
+  std::int64_t context = 256;        // N: tokens per sequence (learned positions: up to N)
+  PositionEncoding positions = PositionEncoding::learned;
   AttentionSpec attention;           // dense unless set (parse_attention_spec: the text form)
   std::uint64_t seed = 1;            // weight initialization
   Recompute recompute = Recompute::none;  // how backward gets activations (the same results)
@@ -94,7 +102,7 @@ void validate(const ModelConfig& config);
 
 // Named model shapes (longattn-train --model): GPT-3's Medium and XL (Brown et al. 2020, table
 // 2.1), byte-level here: "350m" is 24 layers, E 1024, 16 heads (302M parameters in its blocks),
-// "1.3b" 24 layers, E 2048, 16 heads (1.21B); learned positions add context x E.
+// "1.3b" 24 layers, E 2048, 16 heads (1.21B); learned positions add context x E, rotary none.
 struct ModelShape {
   int layers, embed, heads;
 };
@@ -151,12 +159,14 @@ class Transformer {
     options.recompute_attention = config.recompute == Recompute::selective;
     options.own_gradients = false;  // each block's attention's gradients are in its stretch
     options.sequence_parallel = sequence_parallel_;
+    options.rotary = config.positions == PositionEncoding::rotary;
     std::mt19937_64 seeds(config.seed);
     // Own parameters, one buffer of values carved in this order; gradients by stretches.
     const std::size_t own_head = 2 * E + V * E + V, own_block = 4 * E + F * E + F + E * F + E;
+    const std::size_t own_embedding = V * E + (config.positions == PositionEncoding::learned ? N * E : 0);
     {
       const memory::CategoryScope scope(memory::Category::parameters);
-      values_ = context_.template allocate<Flat>(own_head + std::size_t(config.layers) * own_block + V * E + N * E);
+      values_ = context_.template allocate<Flat>(own_head + std::size_t(config.layers) * own_block + own_embedding);
     }
     std::size_t offset = 0;
     auto take = [&](std::size_t count) {
@@ -171,7 +181,7 @@ class Transformer {
       Block& b = blocks_[l];
       b.ln1 = take(2 * E), b.ln2 = take(2 * E), b.w1 = take(F * E), b.b1 = take(F), b.w2 = take(E * F), b.b2 = take(E);
     }
-    embedding_ = {take(V * E), take(N * E)};
+    embedding_ = {take(V * E), take(own_embedding - V * E)};
     for (int l = 0; l < config.layers; ++l) {
       options.seed = seeds();
       blocks_[l].attention = std::make_unique<Attention>(context_, config.embed, config.heads, options, features_);
@@ -181,7 +191,7 @@ class Transformer {
     stretches_.push_back({head_.ln, own_head, nullptr, 0, 0, {}});
     for (int l = config.layers - 1; l >= 0; --l)
       stretches_.push_back({blocks_[l].ln1, own_block, blocks_[l].attention.get(), 0, 0, {}});
-    stretches_.push_back({embedding_.tokens, V * E + N * E, nullptr, 0, 0, {}});
+    stretches_.push_back({embedding_.tokens, own_embedding, nullptr, 0, 0, {}});
     for (std::size_t s = 0; s < stretches_.size(); ++s) acquire_gradients(s);
     list_groups();
     if (gradient_memory_ == GradientMemory::per_block)
@@ -262,8 +272,9 @@ class Transformer {
     std::size_t ln, w, b;
   };
   struct Embedding {
-    std::size_t tokens, positions;
+    std::size_t tokens, positions;  // positions: learned ones only
   };
+  bool learned_positions() const { return config_.positions == PositionEncoding::learned; }
   // Gradient memory of consecutive groups: own parameters [own_begin, own_begin + own_count) of
   // the flat layout, then (a block's) its attention's parameter_count().
   struct GradientStretch {

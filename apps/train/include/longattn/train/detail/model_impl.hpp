@@ -20,18 +20,20 @@ namespace detail {
 template <class ExecSpace>
 using RangeOf = Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>;
 
-// x[r] = tok[input[r]] + pos[position[r]], row r = (b, t).
+// x[r] = tok[input[r]] + pos[position[r]], row r = (b, t); without learned positions (pos has
+// no rows) x[r] = tok[input[r]].
 template <class ExecSpace, class Ids, class Positions, class Matrix>
 void embed_forward(const ExecSpace& exec, const Ids& inputs, const Positions& positions, const Matrix& tok,
                    const Matrix& pos, const Matrix& x) {
   const std::int64_t E = x.extent(1), n = inputs.extent(1);
+  const bool learned = pos.extent(0) > 0;
   Kokkos::parallel_for(
       "longattn::train::embed_forward", RangeOf<ExecSpace>(exec, 0, std::int64_t(x.extent(0)) * E),
       KOKKOS_LAMBDA(std::int64_t i) {
         using T = typename Matrix::non_const_value_type;
         using A = accumulate_t<T>;
         const std::int64_t r = i / E, e = i % E;
-        x(r, e) = T(A(tok(inputs(r / n, r % n), e)) + A(pos(positions(r % n), e)));
+        x(r, e) = T(A(tok(inputs(r / n, r % n), e)) + (learned ? A(pos(positions(r % n), e)) : A(0)));
       });
 }
 
@@ -41,13 +43,14 @@ template <class ExecSpace, class Ids, class Positions, class Matrix, class Gradi
 void embed_backward(const ExecSpace& exec, const Ids& inputs, const Positions& positions, const Matrix& dx,
                     const GradientMatrix& dtok, const GradientMatrix& dpos) {
   const std::int64_t R = dx.extent(0), n = inputs.extent(1);
+  const bool learned = dpos.extent(0) > 0;  // else no position parameters (rotary)
   Kokkos::parallel_for(
       "longattn::train::embed_backward", Kokkos::RangePolicy<ExecSpace>(exec, 0, int(dx.extent(1))),
       KOKKOS_LAMBDA(int e) {
         using A = typename GradientMatrix::non_const_value_type;
         for (std::int64_t r = 0; r < R; ++r) {
           dtok(inputs(r / n, r % n), e) += A(dx(r, e));
-          dpos(positions(r % n), e) += A(dx(r, e));
+          if (learned) dpos(positions(r % n), e) += A(dx(r, e));
         }
       });
 }
@@ -165,6 +168,16 @@ inline Recompute parse_recompute(const std::string& text, const char* option) {
   throw_invalid_argument("longattn-train", option, "\"" + text + "\"", "one of none, selective, full");
 }
 
+inline const char* to_string(PositionEncoding positions) {
+  return positions == PositionEncoding::learned ? "learned" : "rotary";
+}
+
+inline PositionEncoding parse_positions(const std::string& text, const char* option) {
+  for (const PositionEncoding p : {PositionEncoding::learned, PositionEncoding::rotary})
+    if (text == to_string(p)) return p;
+  throw_invalid_argument("longattn-train", option, "\"" + text + "\"", "one of learned, rotary");
+}
+
 inline ModelShape named_model_shape(const std::string& name, const char* option) {
   if (name == "350m") return {24, 1024, 16};
   if (name == "1.3b") return {24, 2048, 16};
@@ -179,6 +192,8 @@ inline void validate(const ModelConfig& c) {
           "a positive multiple of heads = " + std::to_string(c.heads));
   require(c.context >= 2 && c.context <= (std::int64_t(1) << 24), where, "context", c.context,
           "a sequence length in [2, 16777216] tokens");
+  require(c.positions == PositionEncoding::learned || (c.embed / c.heads) % 2 == 0, where, "embed / heads",
+          c.embed / c.heads, "an even head dim with rotary positions (they turn features in pairs)");
 }
 
 template <class ExecSpace, class T>
@@ -206,7 +221,7 @@ void Transformer<ExecSpace, T>::initialize(std::uint64_t seed) {
     fill(at + E, E, 0);
   };
   fill_normal(embedding_.tokens, V * E, 1);
-  fill_normal(embedding_.positions, N * E, 1);
+  if (learned_positions()) fill_normal(embedding_.positions, N * E, 1);
   for (const Block& b : blocks_) {
     fill_norm(b.ln1);
     fill_norm(b.ln2);
@@ -269,7 +284,7 @@ void Transformer<ExecSpace, T>::list_groups() {
   }
   ++stretch;
   own("embedding.tokens", embedding_.tokens, Split::whole(V * E), false);
-  own("embedding.positions", embedding_.positions, Split::whole(N * E), false);
+  if (learned_positions()) own("embedding.positions", embedding_.positions, Split::whole(N * E), false);
 }
 
 template <class ExecSpace, class T>
@@ -485,8 +500,8 @@ double Transformer<ExecSpace, T>::forward(const Batch& batch, double normalizer,
   const std::size_t E = config_.embed, V = ModelConfig::vocab, N = config_.context;
   const auto mine = my_tokens(n);  // this rank's tokens of each sequence
   detail::embed_forward(exec, Kokkos::subview(batch.inputs, Kokkos::ALL, mine), Kokkos::subview(batch.positions, mine),
-                        matrix(values_, embedding_.tokens, V, E), matrix(values_, embedding_.positions, N, E),
-                        rows(blocks_[0].x));
+                        matrix(values_, embedding_.tokens, V, E),
+                        matrix(values_, embedding_.positions, learned_positions() ? N : 0, E), rows(blocks_[0].x));
   const bool full = config_.recompute == Recompute::full;
   for (std::size_t l = 0; l < blocks_.size(); ++l) {
     Block& b = blocks_[l];
@@ -512,7 +527,9 @@ template <class ExecSpace, class T>
 void Transformer<ExecSpace, T>::block_forward(Block& b, const Matrix* next) {
   const ExecSpace& exec = context_.exec();
   norm_forward(rows(b.x), b.ln1, rows(b.h1), b.norm1);
-  b.attention->forward(tokens3(b.h1), tokens3(b.x2));
+  // Rotary: the positions of all n tokens of the sequences (the module gathers them under
+  // sequence parallelism).
+  b.attention->forward(tokens3(b.h1), tokens3(b.x2), learned_positions() ? Positions() : batch_data_.positions);
   detail::add_into(exec, rows(b.x2), rows(b.x));
   norm_forward(rows(b.x2), b.ln2, rows(b.h2), b.norm2);
   linear_forward(rows(b.h2), b.w1, b.b1, rows(b.u), Parallel::column);
@@ -573,9 +590,9 @@ void Transformer<ExecSpace, T>::backward(const std::function<void(int)>& ready) 
   acquire_gradients(++stretch);
   const auto mine = my_tokens(tokens_);
   detail::embed_backward(exec, Kokkos::subview(batch_data_.inputs, Kokkos::ALL, mine),
-                         Kokkos::subview(batch_data_.positions, mine), rows(d_x_),
-                         gradient_matrix(embedding_.tokens, V, E), gradient_matrix(embedding_.positions, N, E));
-  finish(2);
+                         Kokkos::subview(batch_data_.positions, mine), rows(d_x_), gradient_matrix(embedding_.tokens, V, E),
+                         learned_positions() ? gradient_matrix(embedding_.positions, N, E) : MatrixOf<Accumulate>());
+  finish(learned_positions() ? 2 : 1);
   release_gradients(stretch);
   exec.fence();
 }
