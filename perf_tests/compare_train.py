@@ -1,10 +1,9 @@
 #!/usr/bin/env python3
 """longattn-train's step beside the same model in PyTorch, on the same cores, in one run.
 
-The PyTorch model is longattn-train's, layer for layer: byte embedding + learned positions,
-pre-norm blocks (LayerNorm; Q, K, V projections, scaled_dot_product_attention (causal), MAGNETO's
-sub-LayerNorm, output projection; residual; LayerNorm, Linear 4E, GELU (tanh), Linear;
-residual), final LayerNorm, LM head, cross-entropy, torch.optim.AdamW. One process with all the
+The PyTorch model is longattn-train's, layer for layer (torch_model.py: byte embedding + learned
+positions, pre-norm blocks with scaled_dot_product_attention (causal) and MAGNETO's sub-LayerNorm,
+GELU (tanh) MLP, final LayerNorm, LM head, cross-entropy), random weights, torch.optim.AdamW. One process with all the
 threads (PyTorch's usual data-parallel on one CPU node); longattn-train runs under
 mpiexec with the given ranks (data parallel, cores / ranks threads each) and with 1 rank.
 Both run `--steps` steps of the same global batch; each side's time is the median step after
@@ -21,6 +20,7 @@ import statistics
 import sys
 import time
 
+import torch_model
 from train_runs import run_training
 
 
@@ -31,47 +31,20 @@ def longattn_step_seconds(program, ranks, threads, args):
 
 def torch_step_seconds(torch, threads, layers, embed, heads, context, batch, steps):
     torch.set_num_threads(threads)
-    nn, F = torch.nn, torch.nn.functional
-
-    class Block(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.norm1, self.norm2, self.sub_norm = nn.LayerNorm(embed), nn.LayerNorm(embed), nn.LayerNorm(embed)
-            self.qkv, self.out = nn.Linear(embed, 3 * embed), nn.Linear(embed, embed)
-            self.fc1, self.fc2 = nn.Linear(embed, 4 * embed), nn.Linear(4 * embed, embed)
-
-        def forward(self, x):
-            b, n, e = x.shape
-            q, k, v = self.qkv(self.norm1(x)).split(e, dim=2)
-            q, k, v = (t.view(b, n, heads, e // heads).transpose(1, 2) for t in (q, k, v))
-            a = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, n, e)
-            x = x + self.out(self.sub_norm(a))
-            return x + self.fc2(F.gelu(self.fc1(self.norm2(x)), approximate="tanh"))
-
-    class Model(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.tokens, self.positions = nn.Embedding(256, embed), nn.Embedding(context, embed)
-            self.blocks = nn.ModuleList(Block() for _ in range(layers))
-            self.norm, self.head = nn.LayerNorm(embed), nn.Linear(embed, 256)
-
-        def forward(self, ids):
-            x = self.tokens(ids) + self.positions(torch.arange(ids.shape[1]))
-            for block in self.blocks:
-                x = block(x)
-            return self.head(self.norm(x))
-
-    model = Model()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95), weight_decay=0.1)
+    parameters = torch_model.random_parameters(torch, layers, embed, context)
+    for p in parameters.values():
+        p.requires_grad_(True)
+    optimizer = torch.optim.AdamW(parameters.values(), lr=1e-3, betas=(0.9, 0.95), weight_decay=0.1)
     ids = torch.randint(0, 256, (batch, context + 1))
+    weights = torch.ones(batch, context)
     times = []
     for _ in range(steps):
         start = time.perf_counter()
-        logits = model(ids[:, :-1])
-        loss = F.cross_entropy(logits.reshape(-1, 256), ids[:, 1:].reshape(-1))
+        loss = torch_model.loss(torch, parameters, ids[:, :-1], ids[:, 1:], weights, layers, heads, "learned",
+                                torch.float32)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(parameters.values(), 1.0)
         optimizer.step()
         times.append(time.perf_counter() - start)
     return statistics.median(times[1:])

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs a comparison script (compare_sdpa.py, compare_block_sparse.py, compare_dilated.py,
-# compare_python.py) with torch from PyPI in a
+# compare_python.py, compare_train.py, reference_train.py) with torch from PyPI in a
 # private virtual environment, created on first use under the build directory (PyPI's torch
 # wheel brings its CUDA libraries, about 3 GB, though only the CPU is used; einops and
 # torchscale are what dilated-attention-pytorch imports). torch is never a dependency of longattn.

@@ -28,7 +28,8 @@
 #      and the ZeRO / tp cases at 4; longattn-train at cp 2 and at dp 2 with ZeRO 2 (JSON: the
 #      share of a step spent in communication the compute did not hide)
 #   6. training steps in bf16 (longattn-train, JSON per run): the default model, --model 350m (24
-#      layers, E 1024, 16 heads) at context 4096, and the default model on one
+#      layers, E 1024, 16 heads) at context 4096 and the same beside PyTorch from the same weights
+#      and batches (perf_tests/reference_train.py: losses and tokens/s), and the default model on one
 #      sequence of 1,048,576 tokens (dilated attention, full recomputation)
 # It exits 0 when every step passed, 1 otherwise, 2 without a GPU.
 set -uo pipefail
@@ -191,6 +192,11 @@ EOF
     step train_350m 150 "$bin/longattn-train" --precision bf16 --model 350m \
       --context 4096 --batch 8 --steps 5 --eval-every 0 --eval-batches 1 --warmup 2 --peak-gflops 989000 \
       --task long_range --json "$out/train_350m.json"
+    # The same 350M model in PyTorch (eager, SDPA) from longattn's initial weights on its batches:
+    # the first steps' losses side by side, and each side's tokens/s (perf_tests/reference_train.py).
+    step reference_350m 200 python3 "$root/perf_tests/reference_train.py" --device cuda --precision bf16 \
+      --program "$bin/longattn-train" --bench "$bin/longattn_bench_attention" --layers 24 --embed 1024 --heads 16 \
+      --context 4096 --batch 8 --steps 5 --json "$out/reference_350m.json"
     # A million tokens in one sequence: LongNet dilated attention, full recomputation (the loss
     # must fall; memory beside the planner's prediction in the JSON).
     step train_1m 150 "$bin/longattn-train" --precision bf16 --task long_range --context 1048576 --batch 1 \

@@ -123,6 +123,9 @@ int main(int argc, char** argv) {
                  "it predicts beside the measured one (default: the planner's assumed efficiencies)")
       ->group("Output");
   app.add_flag("--quiet", c.quiet, "no per-step lines")->group("Output");
+  app.add_option("--export-reference", c.export_reference,
+                 "directory to write the initial weights and each step's batch into, for a reference "
+                 "implementation to train the same run (perf_tests/reference_train.py; one rank)")->group("Output");
   app.add_option("--json", json_path, "write a JSON summary (every step, validation, totals) to this file")
       ->group("Output");
 

@@ -711,6 +711,53 @@ TEST_CASE("a run carries longattn-plan's memory and compute-time prediction for 
   }
 }
 
+// --export-reference (reference_export.hpp): the groups in the model's order with their initial
+// values (those of a model built from the same configuration), and each step's global batch.
+TEST_CASE("a one-rank run exports its initial weights and batches for a reference implementation", "[train][reference]") {
+  const auto world = test::throwing_world();
+  TrainConfig c = tiny_config();
+  c.steps = 3;
+  c.model.positions = GENERATE(PositionEncoding::learned, PositionEncoding::rotary);
+  c.export_reference = shared_path("reference") + "_rank" + std::to_string(world.rank());
+  INFO(to_string(c.model.positions) << " positions");
+  if (world.size() > 1) {
+    CHECK_THROWS_WITH(run_training(c, world, nullptr),
+                      Catch::Contains("argument 'export-reference' is \"" + c.export_reference +
+                                      "\", expected a one-rank run from its start"));
+  }
+  const TrainResult r = run_training(c, self(), nullptr);
+  std::ifstream index_file(c.export_reference + "/reference.json");
+  const nlohmann::json index = nlohmann::json::parse(index_file);
+  CHECK(index["sequences"] == c.batch);
+  CHECK(index["tokens"] == c.model.context);
+  auto read = [&](const std::string& name) {
+    std::ifstream in(c.export_reference + "/" + name, std::ios::binary);
+    return std::vector<char>(std::istreambuf_iterator<char>(in), {});
+  };
+  const std::vector<char> weights = read("weights.bin"), batches = read("batches.bin");
+  CHECK(batches.size() == std::size_t(c.steps) * 3 * c.batch * c.model.context * 4);
+  REQUIRE(weights.size() == r.parameters * sizeof(float));
+  const std::vector<int> first_inputs(reinterpret_cast<const int*>(batches.data()),
+                                      reinterpret_cast<const int*>(batches.data()) + c.batch * c.model.context);
+  CHECK(*std::min_element(first_inputs.begin(), first_inputs.end()) >= 0);
+  CHECK(*std::max_element(first_inputs.begin(), first_inputs.end()) < 256);
+  // The same model, built again: its groups, in order, hold the exported values.
+  Transformer<Host, float> model(c.model);
+  const auto& groups = model.parameter_groups();
+  REQUIRE(index["groups"].size() == groups.size());
+  const float* exported = reinterpret_cast<const float*>(weights.data());
+  for (std::size_t i = 0; i < groups.size(); ++i) {
+    const nlohmann::json& g = index["groups"][i];
+    INFO("group " << groups[i].name);
+    CHECK(g["name"] == groups[i].name);
+    CHECK(g["count"] == groups[i].count);
+    CHECK(g["decay"] == groups[i].decay);
+    const std::size_t offset = g["offset"];
+    CHECK(std::equal(groups[i].values, groups[i].values + groups[i].count, exported + offset));
+  }
+  std::filesystem::remove_all(c.export_reference);
+}
+
 TEST_CASE("a step's phases are timed, inside its time; evaluation and checkpoints apart", "[train][phases]") {
   const auto world = test::throwing_world();
   TrainConfig c = tiny_config();

@@ -21,6 +21,7 @@
 #include "longattn/parallel/tensor_parallel.hpp"
 #include "longattn/train/checkpoint.hpp"
 #include "longattn/train/prediction.hpp"
+#include "longattn/train/reference_export.hpp"
 #include "longattn/train/zero.hpp"
 
 namespace longattn::train {
@@ -204,6 +205,10 @@ void validate(const TrainConfig& c, int world_size) {
   require(c.checkpoint_every >= 0, program, "checkpoint-every", c.checkpoint_every, "a step count >= 0");
   require(!c.resume || !c.checkpoint.empty(), program, "resume", "true", "a --checkpoint file to resume from");
   require(c.stop_after >= 0, program, "stop-after", c.stop_after, "a step >= 0");
+  require(c.export_reference.empty() || (world_size == 1 && !c.resume), program, "export-reference",
+          "\"" + c.export_reference + "\"",
+          "a one-rank run from its start (the reference trains the whole model from its initial weights; this run: " +
+              std::to_string(world_size) + " ranks" + (c.resume ? ", resumed)" : ")"));
   require(c.memory_limit_mib >= 0 && c.memory_limit_mib < (std::int64_t(1) << 40), program, "memory-limit",
           c.memory_limit_mib, "MiB >= 0 (0: the machine's memory)");
   require(c.peak_gflops >= 0, program, "peak-gflops", c.peak_gflops, "GFLOP/s >= 0 (0: measure)");
@@ -688,6 +693,19 @@ TrainResult train(const TrainConfig& config, const parallel::Communicator& world
     return total / config.eval_batches;
   };
 
+  // --export-reference: the initial weights now, each step's batch as it is drawn.
+  std::optional<ReferenceExport> reference;
+  if (!config.export_reference.empty()) {
+    std::vector<NamedValues> initial;
+    for (const auto& g : groups) {
+      const auto values = Kokkos::create_mirror_view_and_copy(
+          Kokkos::HostSpace(), Kokkos::View<const T*, Memory, Kokkos::MemoryUnmanaged>(g.values, g.count));
+      initial.push_back({g.name, std::vector<float>(g.count), g.decay});
+      for (std::size_t i = 0; i < g.count; ++i) initial.back().values[i] = float(values(i));
+    }
+    reference.emplace(config.export_reference, initial, config.batch, N);
+  }
+
   const int last = config.stop_after > 0 ? std::min(config.steps, config.stop_after) : config.steps;
   const Clock::time_point run_start = Clock::now();
   context.pool().reset_high_water();
@@ -698,6 +716,7 @@ TrainResult train(const TrainConfig& config, const parallel::Communicator& world
     const auto phase = [&](Phase p) { return PhaseScope<Exec>(p, context.exec(), phases); };
     const std::mt19937_64 rng_at_step = train_rng;
     const HostBatch global = data->sample(Split::train, train_rng, config.batch);
+    if (reference) reference->append(global);
     double local_loss = 0;
     try {
       model.zero_gradients();

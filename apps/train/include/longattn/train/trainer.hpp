@@ -97,6 +97,7 @@ struct TrainConfig {
                                     // compute-time prediction (--calibration: write_calibration.py's)
   std::int64_t memory_limit_mib = 0;  // the memory pool's limit per rank; 0: the machine's memory
   bool quiet = false;               // no per-step lines
+  std::string export_reference;     // directory: initial weights and each step's batch (reference_export.hpp); 1 rank
 };
 
 // Throws longattn::Error naming the option (sizes against the world, divisibility, ranges).
