@@ -100,6 +100,16 @@ void broadcast_rows(const ExecSpace& exec, const Bias& bias, const Out& out) {
       KOKKOS_LAMBDA(std::int64_t r, std::int64_t e) { out(r, e) = bias(e); });
 }
 
+namespace detail {
+// view(t) = t (here, not in the class: nvcc refuses a lambda in a private member function).
+template <class ExecSpace, class View>
+void fill_counting(const ExecSpace& exec, const View& view) {
+  Kokkos::parallel_for(
+      "longattn::fill_counting", Kokkos::RangePolicy<ExecSpace>(exec, 0, int(view.extent(0))),
+      KOKKOS_LAMBDA(int t) { view(t) = t; });
+}
+}  // namespace detail
+
 template <class ExecSpace, class T = float>
 class MultiheadAttention {
   static_assert(std::is_same_v<T, float> || std::is_same_v<T, double> || is_half_v<T>,
@@ -481,10 +491,7 @@ class MultiheadAttention {
   Positions counting_positions(const ExecSpace& exec, std::int64_t tokens) {
     if (std::int64_t(counting_.size()) != tokens) {
       counting_ = context_.template allocate<Kokkos::View<int*, memory_space>>(std::size_t(tokens));
-      const auto count = counting_.view();
-      Kokkos::parallel_for(
-          "longattn::MultiheadAttention::counting_positions", Kokkos::RangePolicy<ExecSpace>(exec, 0, int(tokens)),
-          KOKKOS_LAMBDA(int t) { count(t) = t; });
+      detail::fill_counting(exec, counting_.view());
     }
     return counting_.view();
   }

@@ -7,7 +7,10 @@
 //   w <- w - lr (m / (1 - b1^t) / (sqrt(v / (1 - b2^t)) + eps) + decay w)   (decay on matrices)
 //
 // The moments m and v are one buffer each over all parameter groups, from the context's pool;
-// the update runs on the context's instance. Everything is in A = accumulate_t<T>: for a model in
+// the update runs on the context's instance. Multi-tensor (as apex's and Megatron-LM's fused
+// AdamW): the groups are cut into chunks of at most chunk_elements, one team a chunk, so a step
+// is two kernels over all groups - the squared norms per chunk, then the update - and waits on
+// the host once, for the norm (which it clips by and the trainer logs). Everything is in A = accumulate_t<T>: for a model in
 // 16-bit storage (T = bfloat16 or float16; its gradients are float) AdamW keeps fp32 master
 // weights, updates them and writes their rounded values into the model's parameters (mixed
 // precision). step() takes the loss scale the gradients carry and divides it out; with a
@@ -20,6 +23,7 @@
 
 #include <Kokkos_Core.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <functional>
@@ -85,6 +89,7 @@ class AdamW {
         offset += g.count;
       }
     }
+    cut_into_chunks();
   }
   AdamW(const OptimizerConfig& config, const std::vector<ParameterGroup<T>>& groups)
       : AdamW(Context(), config, groups) {}
@@ -92,16 +97,22 @@ class AdamW {
   // The gradients' global norm (every rank holds the same, all-reduced gradients). Collective
   // over the ranks when squares_over_ranks was given.
   double gradient_norm() const {
-    Squares squares;
-    for (const auto& g : groups_) {
-      const Accumulate* grad = g.gradients;
-      double sum = 0;
-      Kokkos::parallel_reduce(
-          "longattn::train::gradient_norm", Kokkos::RangePolicy<ExecSpace>(context_.exec(), 0, std::int64_t(g.count)),
-          KOKKOS_LAMBDA(std::int64_t i, double& s) { s += double(grad[i]) * double(grad[i]); }, sum);
-      (g.split.split() ? squares.split : squares.whole) += sum;
-    }
-    return std::sqrt(squares_over_ranks_ ? squares_over_ranks_(squares) : squares.split + squares.whole);
+    const auto chunks = chunks_;
+    const auto squares = chunk_squares_;
+    Kokkos::parallel_for(
+        "longattn::train::gradient_norm", Policy(context_.exec(), int(chunks.extent(0)), Kokkos::AUTO),
+        KOKKOS_LAMBDA(const Team& team) {
+          const Chunk c = chunks(team.league_rank());
+          double sum = 0;
+          Kokkos::parallel_reduce(
+              Kokkos::TeamThreadRange(team, c.count),
+              [&](std::int64_t i, double& s) { s += double(c.gradients[i]) * double(c.gradients[i]); }, sum);
+          Kokkos::single(Kokkos::PerTeam(team), [&] { squares(team.league_rank()) = sum; });
+        });
+    const auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), squares);  // the step's one wait
+    Squares total;  // in chunk order: the same sum on every run
+    for (std::size_t i = 0; i < host.extent(0); ++i) (chunk_split_[i] ? total.split : total.whole) += host(i);
+    return std::sqrt(squares_over_ranks_ ? squares_over_ranks_(total) : total.split + total.whole);
   }
 
   // One update at learning rate lr of gradients that carry a factor loss_scale; returns the
@@ -116,28 +127,23 @@ class AdamW {
     ++steps_;
     using A = Accumulate;
     const A b1 = A(config_.beta1), b2 = A(config_.beta2), eps = A(config_.eps), g_scale = A(clip / loss_scale),
-            rate = A(lr);
+            rate = A(lr), weight_decay = A(config_.weight_decay);
     const A c1 = A(1 / (1 - std::pow(config_.beta1, double(steps_))));
     const A c2 = A(1 / (1 - std::pow(config_.beta2, double(steps_))));
-    std::size_t offset = 0;
-    for (const auto& g : groups_) {
-      T* values = g.values;
-      A* w = values_or_master(g, offset);
-      const A* grad = g.gradients;
-      A* m = m_.data() + offset;
-      A* v = v_.data() + offset;
-      const A decay = g.decay ? A(config_.weight_decay) : A(0);
-      Kokkos::parallel_for(
-          "longattn::train::adamw", Kokkos::RangePolicy<ExecSpace>(context_.exec(), 0, std::int64_t(g.count)),
-          KOKKOS_LAMBDA(std::int64_t i) {
-            const A gi = grad[i] * g_scale;
-            m[i] = b1 * m[i] + (A(1) - b1) * gi;
-            v[i] = b2 * v[i] + (A(1) - b2) * gi * gi;
-            w[i] -= rate * (m[i] * c1 / (math::sqrt(v[i] * c2) + eps) + decay * w[i]);
-            if (keeps_master_weights) values[i] = T(w[i]);  // not if constexpr: nvcc refuses a first capture there
+    const auto chunks = chunks_;
+    Kokkos::parallel_for(
+        "longattn::train::adamw", Policy(context_.exec(), int(chunks.extent(0)), Kokkos::AUTO),
+        KOKKOS_LAMBDA(const Team& team) {
+          const Chunk c = chunks(team.league_rank());
+          const A decay = c.decay ? weight_decay : A(0);
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(team, c.count), [&](std::int64_t i) {
+            const A gi = c.gradients[i] * g_scale;
+            c.m[i] = b1 * c.m[i] + (A(1) - b1) * gi;
+            c.v[i] = b2 * c.v[i] + (A(1) - b2) * gi * gi;
+            c.weights[i] -= rate * (c.m[i] * c1 / (math::sqrt(c.v[i] * c2) + eps) + decay * c.weights[i]);
+            if (keeps_master_weights) c.values[i] = T(c.weights[i]);  // not if constexpr: nvcc refuses a first capture there
           });
-      offset += g.count;
-    }
+        });
     context_.exec().fence();
     return norm;
   }
@@ -169,11 +175,46 @@ class AdamW {
     else
       return g.values;
   }
+  using Policy = Kokkos::TeamPolicy<ExecSpace>;
+  using Team = typename Policy::member_type;
+  static constexpr std::int64_t chunk_elements = std::int64_t(1) << 15;
+  // A piece of one group that one team updates.
+  struct Chunk {
+    T* values;                    // the model's parameters
+    Accumulate* weights;          // what AdamW updates: the values (fp32) or the master weights (16-bit)
+    const Accumulate* gradients;
+    Accumulate *m, *v;
+    std::int64_t count;
+    bool decay;
+  };
+  // The chunks' table, in the groups' order (the groups' memory stays where it is for the
+  // optimizer's life). Small descriptors, not state: device memory of their own, not the pool's.
+  void cut_into_chunks() {
+    std::vector<Chunk> chunks;
+    std::size_t offset = 0;
+    for (const auto& g : groups_) {
+      Accumulate* w = values_or_master(g, offset);
+      for (std::int64_t begin = 0; begin < std::int64_t(g.count); begin += chunk_elements) {
+        chunks.push_back({g.values + begin, w + begin, g.gradients + begin, m_.data() + offset + begin,
+                          v_.data() + offset + begin, std::min<std::int64_t>(chunk_elements, std::int64_t(g.count) - begin),
+                          g.decay});
+        chunk_split_.push_back(g.split.split());
+      }
+      offset += g.count;
+    }
+    chunks_ = Kokkos::View<Chunk*, memory_space>("longattn::train::AdamW::chunks", chunks.size());
+    Kokkos::deep_copy(chunks_, Kokkos::View<const Chunk*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>(chunks.data(), chunks.size()));
+    chunk_squares_ = Kokkos::View<double*, memory_space>("longattn::train::AdamW::chunk_squares", chunks.size());
+  }
+
   Context context_;
   OptimizerConfig config_;
   std::vector<ParameterGroup<T>> groups_;
   SquaresOverRanks squares_over_ranks_;
   memory::PooledView<Flat> m_, v_, master_;  // master_: 16-bit parameters only
+  Kokkos::View<Chunk*, memory_space> chunks_;
+  std::vector<bool> chunk_split_;                 // whether each chunk's group is part of a split tensor
+  Kokkos::View<double*, memory_space> chunk_squares_;  // each chunk's squared gradient norm
   std::int64_t steps_ = 0;
 };
 
