@@ -52,6 +52,21 @@ void validate(const OptimizerConfig& config);
 // The learning rate of step `step` (0-based) of `steps`.
 double learning_rate(const OptimizerConfig& config, int step, int steps);
 
+namespace detail {
+// A piece of one parameter group that one team of AdamW's kernels updates (outside the class:
+// nvcc refuses private types in a device lambda's captures).
+template <class T>
+struct AdamWChunk {
+  T* values;                        // the model's parameters
+  accumulate_t<T>* weights;         // what AdamW updates: the values (fp32) or the master weights (16-bit)
+  const accumulate_t<T>* gradients;
+  accumulate_t<T>* m;
+  accumulate_t<T>* v;
+  std::int64_t count;
+  bool decay;
+};
+}  // namespace detail
+
 template <class ExecSpace, class T>
 class AdamW {
  public:
@@ -178,15 +193,7 @@ class AdamW {
   using Policy = Kokkos::TeamPolicy<ExecSpace>;
   using Team = typename Policy::member_type;
   static constexpr std::int64_t chunk_elements = std::int64_t(1) << 15;
-  // A piece of one group that one team updates.
-  struct Chunk {
-    T* values;                    // the model's parameters
-    Accumulate* weights;          // what AdamW updates: the values (fp32) or the master weights (16-bit)
-    const Accumulate* gradients;
-    Accumulate *m, *v;
-    std::int64_t count;
-    bool decay;
-  };
+  using Chunk = detail::AdamWChunk<T>;
   // The chunks' table, in the groups' order (the groups' memory stays where it is for the
   // optimizer's life). Small descriptors, not state: device memory of their own, not the pool's.
   void cut_into_chunks() {
