@@ -1,19 +1,20 @@
 #!/usr/bin/env python3
 """longattn-train's own kernels, timed for the planner: the cost per element of the kernels that
 are neither matrix products nor attention, by the planner's classes (plan::ElementClass), and
-dense attention's efficiency by head dimension, in each precision.
+dense attention's efficiency by head dimension and by sequence length, in each precision.
 
 Runs longattn-train on one rank of one thread for 2 and for 12 steps of fixed models (E 128,
-head dimensions 16-128; dilated and block-sparse attention and a ring of 2 ranks at 64) under the
-kernel_times Kokkos Tools library (perf_tests/kernel_times.cpp),
+head dimensions 8-256; at 64, sequences of 64-2048 tokens, dilated and block-sparse attention, and
+rings of 2 ranks) under the kernel_times Kokkos Tools library (perf_tests/kernel_times.cpp),
 sorts each kernel timed inside a step's phases into a class by its name (or its phase: the
 optimizer's), takes the difference of the two runs (10 steps, without the first step's page
 faults and the start-up) and divides each class's time by the elements the planner counts for it
 in those steps (the trainer's JSON, "predicted_elements"): a cost is the time of that many FLOPs
 at one core's peak (seconds x peak FLOP/s per element), as plan::ElementCosts reads it. The
 attention kernels' time against the planner's attention FLOPs ("predicted_attention_flops") gives
-the fraction of the peak they reach at that head dimension, and the other kinds' (and the ring's)
-against dense attention's.
+the fraction of the peak they reach at that head dimension (512 tokens), the factor of other
+lengths against it (plan::Efficiency::attention_by_length), and the other kinds' and the rings'
+factors (plan::Efficiency::AttentionFactors).
 
     perf_tests/element_costs.py BUILD_DIR [PEAK_GFLOPS_ONE_CORE]
 
@@ -30,16 +31,26 @@ CLASSES = ["norm_forward", "norm_backward", "gelu_forward", "gelu_backward", "ro
 STEP_PHASES = ["forward", "backward", "optimizer"]
 
 
-# The calibration models: E 128 with 8, 4, 2 or 1 heads (head dimension 16-128), 512 tokens, 4
-# sequences; a second or two a run. The element costs come from the 2-head one.
-def model(heads):
-    return ["--layers", "2", "--embed", "128", "--heads", str(heads), "--context", "512", "--batch", "4",
-            "--task", "long_range"]
+# The calibration models: 2 layers, 512 tokens, 4 sequences; a second or two a run. Dense
+# attention at head dimensions 8-256 (E 128 with 16-1 heads, E 192 with 8-1, E 256 with one: the
+# kernels' rate is not smooth in D, 48 runs slower than 32 or 64). The element costs come from
+# E 128 with 2 heads.
+def model(heads, context=512, batch=4, embed=128):
+    return ["--layers", "2", "--embed", str(embed), "--heads", str(heads), "--context", str(context), "--batch",
+            str(batch), "--task", "long_range"]
 
 
-HEADS = [8, 4, 2, 1]
+HEAD_DIMS = [(128, 16), (128, 8), (192, 8), (128, 4), (192, 4), (128, 2), (192, 2), (128, 1), (192, 1), (256, 1)]
 ELEMENT_HEADS = 2
 STEPS = (2, 12)
+# Dense attention over sequences of 64-2048 tokens at head dimension 64: one sequence of 2048
+# tokens cut into segments of that length (a dilated configuration of rate 1: the same kernel on
+# the segments as a batch), or dense over all 2048.
+LENGTHS = [64, 128, 256, 512, 1024, 2048]
+
+
+def length_run(tokens):
+    return {"context": 2048, "batch": 1, "options": ["--attention", "dense" if tokens == 2048 else f"dilated:w={tokens};r=1"]}
 
 
 def element_class(name, phase):
@@ -49,8 +60,10 @@ def element_class(name, phase):
         return "optimizer"
     if name.startswith("longattn::gemm(") or name == "longattn::convert":
         return None
-    if (name.startswith("longattn::attention") or "BlockSparseLayout" in name or name.startswith("longattn::top_k_layout")
-            or name.startswith("longattn::merge_partial") or name.startswith("longattn::dilated")):
+    # The kernels' own, the layouts', the merges', and the context-parallel rings' sums of pieces.
+    if name.startswith(("longattn::attention", "longattn::top_k_layout", "longattn::merge_partial", "longattn::dilated",
+                        "longattn::ring_attention", "longattn::parallel::ring_attention",
+                        "longattn::parallel::dilated_attention")) or "BlockSparseLayout" in name:
         return "attention"
     for prefix, cls in [("longattn::layer_norm_forward", "norm_forward"), ("longattn::layer_norm_backward", "norm_backward"),
                         ("longattn::train::gelu_forward", "gelu_forward"),
@@ -60,7 +73,7 @@ def element_class(name, phase):
     return "rows"  # residual and bias adds, bias gradients, embeddings, fills
 
 
-def timed_run(build, precision, steps, env, heads=ELEMENT_HEADS, options=(), ranks=1):
+def timed_run(build, precision, steps, env, heads=ELEMENT_HEADS, context=512, batch=4, embed=128, options=(), ranks=1):
     """(seconds by class and "attention" on a rank, averaged over ranks; the trainer's JSON) of one run."""
     with tempfile.TemporaryDirectory() as tmp:
         summary = os.path.join(tmp, "summary.json")
@@ -69,7 +82,7 @@ def timed_run(build, precision, steps, env, heads=ELEMENT_HEADS, options=(), ran
                        KOKKOS_PROFILE_LIBRARY=os.path.join(build, "perf_tests/liblongattn_kernel_times.so"),
                        LONGATTN_KERNEL_TIMES=os.path.join(tmp, "times-%p.json"))
         command = [os.path.join(build, "apps/train/longattn-train"), "--quiet", "--eval-every", "0", "--peak-gflops", "1",
-                   "--steps", str(steps), "--precision", precision, "--json", summary] + model(heads) + list(options)
+                   "--steps", str(steps), "--precision", precision, "--json", summary] + model(heads, context, batch, embed) + list(options)
         if ranks > 1:
             command = ["mpiexec", "-n", str(ranks), "--oversubscribe", "--bind-to", "none", "-x", "OMP_NUM_THREADS",
                        "-x", "OMP_PROC_BIND", "-x", "KOKKOS_PROFILE_LIBRARY", "-x", "LONGATTN_KERNEL_TIMES"] + command
@@ -95,36 +108,49 @@ def per_step(build, precision, env, **run):
     return {cls: max(0.0, long[cls] - short[cls]) / (STEPS[1] - STEPS[0]) for cls in long}, trainer
 
 
-# The other kinds and the ring, each against dense attention at head dimension 64 (E 128, 2 heads).
-KINDS = {"dilated": {"options": ["--attention", "dilated:w=128,256,512;r=1,2,4"]},
+# The other kinds and the rings at head dimension 64 (E 128, 2 heads). Every pass of the dilated
+# configuration runs on segments of DILATED_SEGMENT tokens (w / r).
+DILATED = "dilated:w=128,256,512;r=1,2,4"
+DILATED_SEGMENT = 128
+KINDS = {"dilated": {"options": ["--attention", DILATED]},
          "block_sparse": {"options": ["--attention", "block_sparse:pattern=local_window;radius=128"]},
-         "ring": {"options": ["--cp", "2"], "ranks": 2}}
+         "ring": {"options": ["--cp", "2"], "ranks": 2},
+         "dilated_ring": {"options": ["--attention", DILATED, "--cp", "2"], "ranks": 2}}
 
 
 def measure_trainer_kernels(build, core_peak_gflops, env=None):
     """The element costs {"fp32": {class: cost}, "bf16": ..., "fp16": ...}, dense attention by head
-    dimension {"fp32": [[head dim, efficiency], ...], ...} and the kinds' and the ring's factors
-    against dense attention {"fp32": {"dilated": f, "block_sparse": f, "ring": f}, ...}."""
+    dimension {"fp32": [[head dim, efficiency], ...], ...} and by length against 512 tokens
+    {"fp32": [[tokens, factor], ...], ...}, and the kinds' and the rings' factors {"fp32":
+    {"dilated": f, "block_sparse": f, "ring": f, "dilated_ring": f}, ...}: dilated attention against
+    dense attention over segments of its passes' length, block-sparse attention and the dense
+    ring against dense attention, the dilated ring (cp 2) against dilated attention on one rank."""
     env = dict(env or os.environ)
     peak = core_peak_gflops * 1e9
 
     def efficiency(seconds, trainer):
         return trainer["predicted_attention_flops"] / (seconds["attention"] * peak)
 
-    costs, by_head_dim, factors = {}, {}, {}
+    costs, by_head_dim, by_length, factors = {}, {}, {}, {}
     for precision in ["fp32", "bf16", "fp16"]:
         by_head_dim[precision] = []
-        for heads in HEADS:
-            seconds, trainer = per_step(build, precision, env, heads=heads)
-            by_head_dim[precision].append([128 // heads, round(efficiency(seconds, trainer), 4)])
-            if heads == ELEMENT_HEADS:
+        for embed, heads in HEAD_DIMS:
+            seconds, trainer = per_step(build, precision, env, heads=heads, embed=embed)
+            by_head_dim[precision].append([embed // heads, round(efficiency(seconds, trainer), 4)])
+            if (embed, heads) == (128, ELEMENT_HEADS):
                 dense = efficiency(seconds, trainer)
                 elements = trainer["predicted_elements"]
                 costs[precision] = {cls: round(seconds[cls] / elements[cls] * peak, 3) if elements[cls] > 0 else 0.0
                                     for cls in CLASSES}
-        factors[precision] = {kind: round(efficiency(*per_step(build, precision, env, **run)) / dense, 4)
-                              for kind, run in KINDS.items()}
-    return costs, by_head_dim, factors
+        length = {tokens: efficiency(*per_step(build, precision, env, **length_run(tokens))) / dense
+                  for tokens in LENGTHS}
+        by_length[precision] = [[tokens, round(f, 4)] for tokens, f in length.items()]
+        kind = {name: efficiency(*per_step(build, precision, env, **run)) for name, run in KINDS.items()}
+        factors[precision] = {name: round(f, 4) for name, f in [
+            ("dilated", kind["dilated"] / (dense * length[DILATED_SEGMENT])),
+            ("block_sparse", kind["block_sparse"] / dense), ("ring", kind["ring"] / dense),
+            ("dilated_ring", kind["dilated_ring"] / kind["dilated"])]}
+    return costs, by_head_dim, by_length, factors
 
 
 def main():
@@ -140,8 +166,9 @@ def main():
                            stdout=subprocess.DEVNULL)
             with open(info) as f:
                 peak = json.load(f)["ceilings"]["fp32_fma_peak_one_core"]["gflops"]
-    costs, by_head_dim, factors = measure_trainer_kernels(build, peak)
-    print(json.dumps({"element_costs": costs, "attention_by_head_dim": by_head_dim, "attention_factors": factors}, indent=2))
+    costs, by_head_dim, by_length, factors = measure_trainer_kernels(build, peak)
+    print(json.dumps({"element_costs": costs, "attention_by_head_dim": by_head_dim, "attention_by_length": by_length,
+                      "attention_factors": factors}, indent=2))
 
 
 if __name__ == "__main__":

@@ -16,8 +16,8 @@ It also times longattn-train's own kernels on one rank of one thread, in each pr
 the kernel_times Kokkos Tools library (perf_tests/element_costs.py): the cost per element of
 those that are neither matrix products nor attention (LayerNorm, GELU, the row kernels, the
 loss, the optimizer: plan::ElementClass), dense attention's efficiency
-at head dimensions 16-128, and the factors of dilated and block-sparse attention and of a
-context-parallel ring against it.
+at head dimensions 8-256 and its factor at 64-2048 tokens, and the factors of dilated and
+block-sparse attention and of context-parallel rings.
 
 BUILD_DIR is a build with apps and benchmarks (build/test). The peak and sgemm come from
 longattn-info --json, the attention rates from longattn_bench_attention in the same run. Run it
@@ -86,7 +86,7 @@ def main():
             sys.exit(f"write_calibration.py: {b['name']} reached {fraction:.3f} of the measured peak; re-run on a quiet machine")
         shapes[["fp32", "16bit", "fp16"][precision]].append([m, n, k, round(fraction, 4)])
     efficiency["matmul_shapes"] = shapes
-    (efficiency["element_costs"], efficiency["attention_by_head_dim"],
+    (efficiency["element_costs"], efficiency["attention_by_head_dim"], efficiency["attention_by_length"],
      efficiency["attention_factors"]) = measure_trainer_kernels(build, core_peak, env)
     efficiency["fp32_fma_peak_gflops"] = peak  # what the fractions divide by (plan_check.py reads it)
     efficiency["fp32_fma_peak_one_core_gflops"] = core_peak

@@ -363,8 +363,20 @@ TEST_CASE("calibration files: read, and refused when a value is missing or not a
   CHECK_FALSE(factored.attention_factors[int(Precision::fp16)]);
   std::ofstream(path) << "{" << attention << R"(, "attention_factors": {"fp16": {"dilated": 0.5, "block_sparse": 0.7}}})";
   CHECK_THROWS_WITH(read_calibration(path), Contains("a number at \"attention_factors.fp16.ring\""));
+  CHECK(factored.attention_factors[int(Precision::bf16)]->dilated_ring == 1);  // optional: 1
+  std::ofstream(path) << "{" << attention
+                      << R"(, "attention_factors": {"bf16": {"dilated": 0.5, "block_sparse": 0.7, "ring": 0.8, "dilated_ring": 0.6}}})";
+  CHECK(read_calibration(path).attention_factors[int(Precision::bf16)]->dilated_ring == 0.6);
   std::ofstream(path) << "{" << attention << R"(, "attention_factors": {"fp32": {"dilated": 0, "block_sparse": 1, "ring": 1}}})";
   CHECK_THROWS_WITH(read_calibration(path), Contains("argument 'calibration attention_factors.fp32.dilated' is 0"));
+  // Dense attention by length: the nearest length's factor; none given, 1.
+  std::ofstream(path) << "{" << attention << R"(, "attention_by_length": {"fp16": [[64, 0.4], [512, 1], [2048, 1.2]]}})";
+  const Efficiency by_length = read_calibration(path);
+  CHECK(by_length.attention_length_factor(100, Precision::fp16) == 0.4);
+  CHECK(by_length.attention_length_factor(4096, Precision::fp16) == 1.2);
+  CHECK(by_length.attention_length_factor(100, Precision::fp32) == 1);
+  std::ofstream(path) << "{" << attention << R"(, "attention_by_length": {"fp32": [[64, 0]]}})";
+  CHECK_THROWS_WITH(read_calibration(path), Contains("expected [tokens, factor] with tokens >= 1 and a factor in (0, 4]"));
   std::ofstream(path) << "{" << attention << R"(, "attention_by_head_dim": {"fp32": [[0, 0.2]]}})";
   CHECK_THROWS_WITH(read_calibration(path), Contains("expected [head dimension, efficiency] with a head dimension >= 1"));
   std::remove(path.c_str());
@@ -427,6 +439,42 @@ TEST_CASE("element-wise kernels: the elements of each class, worked by hand, at 
   const double dilated_half = compute();
   plan.efficiency.attention_factors[int(Precision::fp32)]->dilated = 1;
   CHECK(dilated_half - compute() == Approx(attention_seconds(0.0625) - attention_seconds(0.125)));
+  // By length: dense attention at its sequence's factor (128 tokens); dilated attention's passes
+  // at their segments' (w / r tokens), weighted by their causal scores; block-sparse at none.
+  const double dilated_at_one = compute();
+  plan.efficiency.attention_by_length[int(Precision::fp32)] = {{64, 0.25}, {128, 0.5}, {512, 1}};
+  CHECK(compute() - dilated_at_one == Approx(attention_seconds(0.125 * 0.25) - attention_seconds(0.125)));  // 64, 64
+  plan.model.attention = "dilated:w=64,128;r=1,1";
+  const double short_scores = 2 * 64 * 65 / 2, long_scores = 128 * 129 / 2;
+  const double mixed = (short_scores + long_scores) / (short_scores / 0.25 + long_scores / 0.5);
+  const double mixed_seconds = compute();
+  plan.efficiency.attention_by_length[int(Precision::fp32)].clear();
+  CHECK(mixed_seconds - compute() == Approx(attention_seconds(0.125 * mixed) - attention_seconds(0.125)));
+  plan.model.attention = "dense";
+  const double dense_at_one = compute();
+  plan.efficiency.attention_by_length[int(Precision::fp32)] = {{64, 0.25}, {128, 0.5}, {512, 1}};
+  CHECK(compute() - dense_at_one == Approx(attention_seconds(0.125 * 0.5) - attention_seconds(0.125)));
+  plan.model.attention = "block_sparse:pattern=local_window;radius=64";
+  const double sparse_by_length = compute();
+  plan.efficiency.attention_by_length[int(Precision::fp32)].clear();
+  CHECK(compute() == Approx(sparse_by_length));
+  // Two context-parallel ranks: dense attention at the ring's factor, dilated at the dilated ring's.
+  plan.cluster.gpus = 2;
+  plan.layout.context = 2;
+  plan.efficiency.attention_factors[int(Precision::fp32)]->dilated_ring = 0.5;
+  for (const std::string attention : {"dense", "dilated:w=64,128;r=1,2"}) {
+    plan.model.attention = attention;
+    const double ring_seconds = compute();
+    double& factor = attention == "dense" ? plan.efficiency.attention_factors[int(Precision::fp32)]->ring
+                                          : plan.efficiency.attention_factors[int(Precision::fp32)]->dilated_ring;
+    const double before = factor;  // 0.25, 0.5
+    factor = 1;
+    // Half the attention on each rank: the difference is half the one rank's.
+    CHECK(ring_seconds - compute() == Approx((attention_seconds(0.125 * before) - attention_seconds(0.125)) / 2));
+    factor = before;
+  }
+  plan.cluster.gpus = 1;
+  plan.layout.context = 1;
   plan.model.attention = "dense";
   plan.efficiency.attention_by_head_dim[int(Precision::fp32)].clear();
   plan.efficiency.attention_factors[int(Precision::fp32)].reset();

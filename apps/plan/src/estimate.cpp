@@ -109,10 +109,14 @@ AttentionWork attention_work(const ModelConfig& model) {
       work.scores = dilated_attention_scores(model.sequence, int(model.heads), spec.dilated, model.causal);
       const auto passes = dilated::passes(spec.dilated, int(model.heads));
       for (std::size_t i = 0; i < spec.dilated.segment_lengths.size(); ++i) {
-        double heads = 0;
-        for (const dilated::Pass& pass : passes)
-          if (pass.config == int(i)) heads += pass.head_count;
-        work.dilated_levels.push_back({double(spec.dilated.segment_lengths[i]), double(spec.dilated.dilation_rates[i]), heads});
+        double heads = 0, scores = 0;
+        for (const dilated::Pass& pass : passes) {
+          if (pass.config != int(i)) continue;
+          heads += pass.head_count;
+          scores += dilated::pass_scores(pass, model.sequence, model.causal);
+        }
+        work.dilated_levels.push_back(
+            {double(spec.dilated.segment_lengths[i]), double(spec.dilated.dilation_rates[i]), heads, scores});
       }
       break;
     }
@@ -343,15 +347,27 @@ Estimate estimate(const Plan& plan, const AttentionWork& work) {
   // ---- Time per step ------------------------------------------------------------------------
   // Attention: dense at this head dimension, times the kind's factor (and the ring's under context
   // parallelism) where the calibration measured them, else the kind's efficiency against dense's.
+  // Dense attention runs at its sequence length's factor; dilated attention's passes each at their
+  // segments' (segment / rate tokens), weighted by their scores; block-sparse attention's blocks
+  // do not depend on the length.
   const std::optional<Efficiency::AttentionFactors>& factors =
       plan.efficiency.attention_factors[std::size_t(training.precision)];
   const double kind_factor = !factors ? attention_efficiency(plan.efficiency, work.kind) / plan.efficiency.attention_dense
                              : work.kind == AttentionWork::Kind::dilated      ? factors->dilated
                              : work.kind == AttentionWork::Kind::block_sparse ? factors->block_sparse
                                                                               : 1.0;
-  const double ring_factor = factors && c > 1 && !dilated ? factors->ring : 1.0;
-  const double e_attention =
-      std::min(1.0, plan.efficiency.dense_attention_at(D, training.precision) * kind_factor * ring_factor);
+  const double ring_factor = !factors || c == 1 ? 1.0 : dilated ? factors->dilated_ring : factors->ring;
+  const auto length_factor = [&](double tokens) {
+    return plan.efficiency.attention_length_factor(tokens, training.precision);
+  };
+  double inverse_length_factor = work.kind == AttentionWork::Kind::dense ? 1 / length_factor(s) : 1;
+  if (dilated) {
+    inverse_length_factor = 0;
+    for (const auto& level : work.dilated_levels)
+      inverse_length_factor += level.scores / work.scores / length_factor(level.segment / level.rate);
+  }
+  const double e_attention = std::min(1.0, plan.efficiency.dense_attention_at(D, training.precision) * kind_factor *
+                                               ring_factor / inverse_length_factor);
   // The matrix products of one micro-batch on a rank of a stage, each at the efficiency of its
   // shape: a linear layer's forward (rows x O x I), dW (O x I x rows) and dx (rows x I x O), the
   // forward again under full recomputation. Tensor-parallel layers see all rows (gathered under
@@ -369,7 +385,9 @@ Estimate estimate(const Plan& plan, const AttentionWork& work) {
   for (const auto& [I, O] : {std::pair<double, double>{h, 3 * h / t}, {h / t, h}, {h, f / t}, {f / t, h}})
     linear(rows, I, O, L / p, full);
   linear(layout.vocab_parallel ? rows : head_rows, h, V / vocab_split, 1 / p, false);
-  const double compute = micro_batches * products_seconds + tokens_per_step * attention_hw / (gpus * peak * e_attention);
+  e.products_seconds = micro_batches * products_seconds;
+  e.attention_seconds = tokens_per_step * attention_hw / (gpus * peak * e_attention);
+  const double compute = e.products_seconds + e.attention_seconds;
 
   // The element-wise kernels of one micro-batch (ElementClass), by the elements they process: the
   // layers' norms (LN1, LN2 on replicated rows of h; the sub-LayerNorm on h / t) and GELU (f / t),

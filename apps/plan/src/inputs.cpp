@@ -215,11 +215,23 @@ Efficiency read_calibration(const std::string& path) {
           {row[0].get<double>(), number(nlohmann::json{{"e", row[1]}}, "e", name + " efficiency")});
     }
   });
+  each_precision("attention_by_length", [&](Precision precision, const char* key, const nlohmann::json& rows) {
+    const std::string name = std::string("attention_by_length.") + key;
+    require(rows.is_array(), where, "calibration", "\"" + path + "\"", "an array at \"" + name + "\"");
+    for (const nlohmann::json& row : rows) {
+      require(row.is_array() && row.size() == 2 && row[0].is_number() && row[0].get<double>() >= 1 &&
+                  row[1].is_number() && row[1].get<double>() > 0 && row[1].get<double>() <= 4,
+              where, "calibration " + name, row.dump(), "[tokens, factor] with tokens >= 1 and a factor in (0, 4]");
+      e.attention_by_length[std::size_t(precision)].push_back({row[0].get<double>(), row[1].get<double>()});
+    }
+  });
   each_precision("attention_factors", [&](Precision precision, const char* key, const nlohmann::json& row) {
     Efficiency::AttentionFactors values;
-    for (const auto& [name, value] : {std::pair<const char*, double*>{"dilated", &values.dilated},
-                                      {"block_sparse", &values.block_sparse}, {"ring", &values.ring}}) {
+    for (const auto& [name, value] :
+         {std::pair<const char*, double*>{"dilated", &values.dilated}, {"block_sparse", &values.block_sparse},
+          {"ring", &values.ring}, {"dilated_ring", &values.dilated_ring}}) {
       const std::string field = std::string("attention_factors.") + key + "." + name;
+      if (value == &values.dilated_ring && row.is_object() && !row.contains(name)) continue;  // optional
       require(row.is_object() && row.contains(name) && row[name].is_number(), where, "calibration",
               "\"" + path + "\"", "a number at \"" + field + "\"");
       *value = row[name].get<double>();
@@ -253,6 +265,15 @@ double Efficiency::dense_attention_at(double head_dim, Precision precision) cons
   for (const HeadDim& row : table)
     if (std::abs(std::log(head_dim / row.head_dim)) < std::abs(std::log(head_dim / nearest->head_dim))) nearest = &row;
   return nearest->efficiency;
+}
+
+double Efficiency::attention_length_factor(double tokens, Precision precision) const {
+  const std::vector<Length>& table = attention_by_length[std::size_t(precision)];
+  if (table.empty()) return 1;
+  const Length* nearest = &table.front();
+  for (const Length& row : table)
+    if (std::abs(std::log(tokens / row.tokens)) < std::abs(std::log(tokens / nearest->tokens))) nearest = &row;
+  return nearest->factor;
 }
 
 const char* to_string(ElementClass value) {

@@ -264,6 +264,8 @@ nlohmann::json TrainResult::to_json(const TrainConfig& c) const {
   j["predicted_memory"] = nlohmann::json::object();
   for (const auto& [name, bytes] : predicted_memory) j["predicted_memory"][name] = bytes;
   j["predicted_compute_seconds"] = predicted_compute_seconds;
+  j["predicted_compute_parts"] = nlohmann::json::object();
+  for (const auto& [name, seconds] : predicted_compute_parts) j["predicted_compute_parts"][name] = seconds;
   j["predicted_elements"] = nlohmann::json::object();
   for (const auto& [name, count] : predicted_elements) j["predicted_elements"][name] = count;
   j["predicted_attention_flops"] = predicted_attention_flops;
@@ -602,6 +604,9 @@ TrainResult train(const TrainConfig& config, const parallel::Communicator& world
     const plan::Estimate predicted = planner_estimate(config, world.size(), result.peak_gflops * 1e9);
     result.predicted_memory_bytes = predicted.memory_total;
     result.predicted_compute_seconds = time_term(predicted, "compute") + time_term(predicted, "element-wise kernels");
+    result.predicted_compute_parts = {{"matrix products", predicted.products_seconds},
+                                      {"attention", predicted.attention_seconds},
+                                      {"element-wise kernels", time_term(predicted, "element-wise kernels")}};
     for (const plan::Term& term : predicted.elements) result.predicted_elements.emplace_back(term.name, term.value);
     result.predicted_attention_flops = predicted.attention_flops_per_step / double(world.size());
     for (const plan::Term& term : predicted.memory) result.predicted_memory.emplace_back(term.name, term.value);

@@ -127,6 +127,16 @@ inline std::vector<SegmentRun> segment_runs(const Pass& pass, std::int64_t token
   return runs;
 }
 
+// Query-key scores one pass computes in a batch entry of `tokens` tokens, over its heads.
+inline double pass_scores(const Pass& pass, std::int64_t tokens, bool causal) {
+  double scores = 0;
+  for (const SegmentRun& run : segment_runs(pass, tokens)) {
+    const double n = double(run.tokens);
+    scores += double(run.segments) * pass.head_count * (causal ? n * (n + 1) / 2 : n * n);
+  }
+  return scores;
+}
+
 template <class View>
 using StridedView = Kokkos::View<typename View::value_type****, Kokkos::LayoutStride,
                                  typename View::memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
@@ -206,11 +216,7 @@ inline double dilated_attention_scores(std::int64_t tokens, int heads, const Dil
   require(heads >= 1, where, "heads", heads, "at least 1");
   validate_dilated_config(config, heads, where);
   double scores = 0;
-  for (const dilated::Pass& pass : dilated::passes(config, heads))
-    for (const dilated::SegmentRun& run : dilated::segment_runs(pass, tokens)) {
-      const double n = double(run.tokens);
-      scores += double(run.segments) * pass.head_count * (causal ? n * (n + 1) / 2 : n * n);
-    }
+  for (const dilated::Pass& pass : dilated::passes(config, heads)) scores += dilated::pass_scores(pass, tokens, causal);
   return scores;
 }
 

@@ -15,9 +15,10 @@ struct AttentionWork {
   double scores = 0;         // (query, key) scores per sequence, all heads, as the kernels compute them
   // Context parallelism: how many other ranks' key/value shards a rank needs (c - 1 for dense;
   // fewer for a local block-sparse window), and for dilated attention each configuration's
-  // segment length, rate and heads (segments longer than a shard all-gather their keys).
+  // segment length, rate and heads (segments longer than a shard all-gather their keys), and the
+  // scores of its passes (their kernels run on segments of segment / rate tokens).
   double key_reach_tokens = 0;  // how far back (and ahead, non-causal) a query reaches; 0: everywhere
-  struct DilatedLevel { double segment, rate, heads; };
+  struct DilatedLevel { double segment, rate, heads, scores; };
   std::vector<DilatedLevel> dilated_levels;
 };
 AttentionWork attention_work(const ModelConfig& model);  // throws Error for a bad spec
@@ -43,6 +44,7 @@ struct Estimate {
 
   std::vector<Term> elements;       // per step on a GPU: the elements each ElementClass processes
   std::vector<Term> time;           // seconds per step: compute, element-wise kernels, bubble, exposed communication
+  double products_seconds = 0, attention_seconds = 0;  // the "compute" term's two parts
   double step_seconds = 0, steps = 0, days = 0, gpu_hours = 0, cost = 0;
   double mfu = 0;                   // model FLOPs / (step time x GPUs x peak)
   double micro_batches = 0;         // per pipeline per step

@@ -142,11 +142,21 @@ struct Efficiency {
   };
   std::array<std::vector<HeadDim>, 3> attention_by_head_dim;
   double dense_attention_at(double head_dim, Precision precision) const;
-  // The other kinds against dense attention at the same head dimension, and dense attention in a
-  // context-parallel ring (its pieces and merges) against one rank's, measured in longattn-train
-  // per precision. Absent: attention_<kind> / attention_dense, and no ring factor.
+  // Dense attention over sequences (or dilated segments) of this many tokens against the head
+  // dimension table's (measured at 512 tokens), per precision: the nearest measured length's
+  // factor (log distance). Empty: 1 at every length.
+  struct Length {
+    double tokens, factor;
+  };
+  std::array<std::vector<Length>, 3> attention_by_length;
+  double attention_length_factor(double tokens, Precision precision) const;
+  // The other kinds against dense attention at the same head dimension (dilated: against dense
+  // attention over segments as long as its passes' where attention_by_length is given), dense
+  // attention in a context-parallel ring (its pieces and merges) against one rank's, and dilated
+  // attention over context-parallel ranks against one rank's, measured in longattn-train per
+  // precision. Absent: attention_<kind> / attention_dense, and no ring factors.
   struct AttentionFactors {
-    double dilated = 1, block_sparse = 1, ring = 1;
+    double dilated = 1, block_sparse = 1, ring = 1, dilated_ring = 1;
   };
   std::array<std::optional<AttentionFactors>, 3> attention_factors;
 };
@@ -167,9 +177,10 @@ void validate_layout(const Plan& plan);
 // Reads a calibration JSON ({"matmul": e, "attention": {"dense": e, "dilated": e,
 // "block_sparse": e}, "source": "...", optionally "matmul_shapes": {"fp32": [[m, n, k, e], ...],
 // "16bit": [...], optionally "fp16": [...]} and "element_costs": {"fp32": {"norm_forward": c, ... every class}, "bf16": ...,
-// "fp16": ...}, "attention_by_head_dim": {"fp32": [[D, e], ...], ...} and "attention_factors":
-// {"fp32": {"dilated": f, "block_sparse": f, "ring": f}, ...}); throws Error on a missing file or
-// field, an efficiency outside (0, 1], a negative cost or a factor outside (0, 4].
+// "fp16": ...}, "attention_by_head_dim": {"fp32": [[D, e], ...], ...}, "attention_by_length":
+// {"fp32": [[tokens, f], ...], ...} and "attention_factors": {"fp32": {"dilated": f, "block_sparse":
+// f, "ring": f, optionally "dilated_ring": f}, ...}); throws Error on a missing file or field, an
+// efficiency outside (0, 1], a negative cost or a factor outside (0, 4].
 Efficiency read_calibration(const std::string& path);
 Efficiency uniform_efficiency(double mfu);
 

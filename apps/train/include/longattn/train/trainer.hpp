@@ -151,6 +151,8 @@ struct TrainResult {
   // calibration's efficiencies), and the element-wise kernels where the calibration timed them;
   // its communication model (NVLink, InfiniBand) is not this machine's.
   double predicted_compute_seconds = 0;
+  // Its parts: matrix products, attention, element-wise kernels.
+  std::vector<std::pair<std::string, double>> predicted_compute_parts;
   // The elements each plan::ElementClass processes in a step on a rank (write_calibration.py
   // divides the class's measured time by them).
   std::vector<std::pair<std::string, double>> predicted_elements;
