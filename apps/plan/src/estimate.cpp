@@ -360,7 +360,8 @@ Estimate estimate(const Plan& plan, const AttentionWork& work) {
   const auto length_factor = [&](double tokens) {
     return plan.efficiency.attention_length_factor(tokens, training.precision);
   };
-  double inverse_length_factor = work.kind == AttentionWork::Kind::dense ? 1 / length_factor(s) : 1;
+  double inverse_length_factor = 1;  // block-sparse
+  if (work.kind == AttentionWork::Kind::dense) inverse_length_factor = 1 / length_factor(s);
   if (dilated) {
     inverse_length_factor = 0;
     for (const auto& level : work.dilated_levels)

@@ -258,22 +258,26 @@ double Efficiency::matmul_at(double m, double n, double k, Precision precision) 
   return best;
 }
 
+namespace {
+// The value of the row whose key is nearest `key` in log distance; `otherwise` for an empty table.
+template <class Row>
+double nearest_in_log(const std::vector<Row>& table, double key, double Row::*row_key, double Row::*value,
+                      double otherwise) {
+  if (table.empty()) return otherwise;
+  const Row* nearest = &table.front();
+  for (const Row& row : table)
+    if (std::abs(std::log(key / row.*row_key)) < std::abs(std::log(key / nearest->*row_key))) nearest = &row;
+  return nearest->*value;
+}
+}  // namespace
+
 double Efficiency::dense_attention_at(double head_dim, Precision precision) const {
-  const std::vector<HeadDim>& table = attention_by_head_dim[std::size_t(precision)];
-  if (table.empty()) return attention_dense;
-  const HeadDim* nearest = &table.front();
-  for (const HeadDim& row : table)
-    if (std::abs(std::log(head_dim / row.head_dim)) < std::abs(std::log(head_dim / nearest->head_dim))) nearest = &row;
-  return nearest->efficiency;
+  return nearest_in_log(attention_by_head_dim[std::size_t(precision)], head_dim, &HeadDim::head_dim,
+                        &HeadDim::efficiency, attention_dense);
 }
 
 double Efficiency::attention_length_factor(double tokens, Precision precision) const {
-  const std::vector<Length>& table = attention_by_length[std::size_t(precision)];
-  if (table.empty()) return 1;
-  const Length* nearest = &table.front();
-  for (const Length& row : table)
-    if (std::abs(std::log(tokens / row.tokens)) < std::abs(std::log(tokens / nearest->tokens))) nearest = &row;
-  return nearest->factor;
+  return nearest_in_log(attention_by_length[std::size_t(precision)], tokens, &Length::tokens, &Length::factor, 1.0);
 }
 
 const char* to_string(ElementClass value) {

@@ -603,10 +603,11 @@ TrainResult train(const TrainConfig& config, const parallel::Communicator& world
   try {
     const plan::Estimate predicted = planner_estimate(config, world.size(), result.peak_gflops * 1e9);
     result.predicted_memory_bytes = predicted.memory_total;
-    result.predicted_compute_seconds = time_term(predicted, "compute") + time_term(predicted, "element-wise kernels");
+    const double element_wise = time_term(predicted, "element-wise kernels");
+    result.predicted_compute_seconds = time_term(predicted, "compute") + element_wise;
     result.predicted_compute_parts = {{"matrix products", predicted.products_seconds},
                                       {"attention", predicted.attention_seconds},
-                                      {"element-wise kernels", time_term(predicted, "element-wise kernels")}};
+                                      {"element-wise kernels", element_wise}};
     for (const plan::Term& term : predicted.elements) result.predicted_elements.emplace_back(term.name, term.value);
     result.predicted_attention_flops = predicted.attention_flops_per_step / double(world.size());
     for (const plan::Term& term : predicted.memory) result.predicted_memory.emplace_back(term.name, term.value);
