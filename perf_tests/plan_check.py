@@ -159,6 +159,10 @@ def main():
               f"          whole {j['summary']['memory_bytes'] / MIB:.2f} MiB measured / "
               f"{j['predicted_memory_bytes'] / MIB:.2f} predicted = {whole:.3f}; by category (MiB, measured/"
               f"predicted): {', '.join(parts)}", flush=True)
+        if abs(whole - 1) > 0.05:  # what the measured peak was made of: the moment the planner must find
+            at_peak = j["summary"]["memory_at_peak"]
+            print("          at the measured peak (MiB): " + ", ".join(
+                f"{name} {at_peak[name] / MIB:.2f}" for name in CATEGORIES if at_peak.get(name, 0) >= SMALL_BYTES), flush=True)
         if timed:
             p_time, m_time = j["predicted_compute_seconds"], j["summary"]["steady_compute_seconds"]
             parts = ", ".join(f"{name} {seconds:.3f}" for name, seconds in j["predicted_compute_parts"].items())

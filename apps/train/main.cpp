@@ -180,6 +180,9 @@ int main(int argc, char** argv) {
         std::cout << " " << name << " " << std::setprecision(1) << double(bytes) / double(1 << 20) << " / "
                   << expected / double(1 << 20) << ";";
       }
+      std::cout << "\n          at the high-water, MiB:";
+      for (const auto& [name, bytes] : result.memory_at_peak)
+        if (bytes > 0) std::cout << " " << name << " " << std::setprecision(1) << double(bytes) / double(1 << 20) << ";";
       std::cout << "\n";
       const double compute = summary["steady_compute_seconds"].get<double>();
       std::cout << "time      " << std::setprecision(3) << compute

@@ -318,14 +318,17 @@ class PoolState {
   }
   std::size_t reserved() const noexcept { return reserved_.load(std::memory_order_relaxed); }
 
-  // PooledViews' blocks by category (category.hpp).
+  // PooledViews' blocks by category (category.hpp); as their sum passes its high-water, every
+  // category's bytes then (what made the peak).
   void count_category(Category category, std::int64_t bytes) noexcept {
     CategoryCount& c = categories_[std::size_t(category)];
     const std::int64_t now = c.in_use.fetch_add(bytes, std::memory_order_relaxed) + bytes;
     std::int64_t high = c.high.load(std::memory_order_relaxed);
     while (now > high && !c.high.compare_exchange_weak(high, now, std::memory_order_relaxed)) {
     }
+    if (bytes > 0) note_categorized_peak();
   }
+  void note_categorized_peak() noexcept;
   CategoryTable category_stats() const;
   // A NUMA binding the OS refused: warns once per pool.
   void binding_refused(const std::string& arena, const std::string& reason);
@@ -352,6 +355,10 @@ class PoolState {
     std::atomic<std::int64_t> in_use{0}, high{0};
   };
   std::array<CategoryCount, category_count> categories_;
+  // The categories' sum at its high-water and each one's bytes then; the lock keeps a snapshot whole.
+  mutable std::atomic_flag peak_lock_ = ATOMIC_FLAG_INIT;
+  std::int64_t categorized_high_ = 0;
+  std::array<std::int64_t, category_count> at_peak_{};
 };
 
 // ------------------------------------------------------------------------------ fast paths

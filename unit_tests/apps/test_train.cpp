@@ -697,6 +697,11 @@ TEST_CASE("a run carries longattn-plan's memory and compute-time prediction for 
     CHECK(std::abs(double(measured->second) - predicted) <= std::max(0.10 * predicted, 32768.0));
   }
   CHECK(double(r.steps.back().memory_bytes) == Approx(r.predicted_memory_bytes).epsilon(0.10));
+  // The peak's parts: every block is in a category, so they add up to the whole high-water.
+  REQUIRE(r.memory_at_peak.size() == std::size_t(longattn::memory::category_count));
+  std::size_t at_peak = 0;
+  for (const auto& [name, bytes] : r.memory_at_peak) at_peak += bytes;
+  CHECK(at_peak == r.steps.back().memory_bytes);
   if (world.size() == 2) {  // tp 2: the planner's tensor parallelism without its sequence and vocabulary splits
     c.tp = 2;
     const TrainResult split = run_training(c, world, nullptr);

@@ -697,16 +697,18 @@ TEST_CASE("MultiheadAttention rejects bad input with a longattn::Error", "[core]
 // LayerNorm's kernels against the formulas in double: y = x_hat gamma + beta with x_hat =
 // (x - mean) rstd; dx = rstd (g - mean(g) - x_hat mean(g x_hat)) for g = dy gamma; dgamma and
 // dbeta add sum_r dy x_hat and sum_r dy to what they hold. Row-major and column-major (strided)
-// matrices, odd sizes.
+// matrices, odd sizes. With a residual, the fused forms: x += residual before the norm (x the
+// rounded sum after it), dx = the norm's dx + residual_dx.
 namespace {
 
 template <class ExecSpace, class T, class Layout>
-void check_layer_norm(int rows, int E, std::mt19937_64& rng) {
+void check_layer_norm(int rows, int E, std::mt19937_64& rng, bool residual) {
   using Memory = typename ExecSpace::memory_space;
   using Matrix = Kokkos::View<T**, Layout, Memory>;
   using Vector = Kokkos::View<T*, Memory>;
   INFO("rows " << rows << " E " << E << (std::is_same_v<Layout, Kokkos::LayoutLeft> ? " column-major" : "") << ", "
-               << longattn::detail::scalar_name<T>() << ", seed " << longattn::test::test_seed());
+               << longattn::detail::scalar_name<T>() << (residual ? ", with residuals" : "") << ", seed "
+               << longattn::test::test_seed());
   std::uniform_real_distribution<double> uniform(-1.0, 1.0);
   // Fills a view with random values and returns a host copy of them (a copy even when the view
   // is in host memory: dgamma and dbeta change).
@@ -717,14 +719,28 @@ void check_layer_norm(int rows, int E, std::mt19937_64& rng) {
     return host;
   };
   const Matrix x("x", rows, E), dy("dy", rows, E), y("y", rows, E), dx("dx", rows, E);
+  const Matrix x_residual("x_residual", rows, E), dx_residual("dx_residual", rows, E);
   const Vector gamma("gamma", E), beta("beta", E), dgamma("dgamma", E), dbeta("dbeta", E);
   const Vector mean("mean", rows), rstd("rstd", rows);
-  const auto xh = random_values(x), dyh = random_values(dy);
+  auto xh = random_values(x);
+  const auto dyh = random_values(dy), xrh = random_values(x_residual), dxrh = random_values(dx_residual);
   const auto gh = random_values(gamma), bh = random_values(beta), dgh = random_values(dgamma), dbh = random_values(dbeta);
   const double eps = 1e-5;
   const ExecSpace exec;
-  longattn::layer_norm_forward(exec, x, gamma, beta, eps, y, mean, rstd);
-  longattn::layer_norm_backward(exec, dy, x, gamma, mean, rstd, dx, dgamma, dbeta);
+  if (residual) {
+    longattn::residual_layer_norm_forward(exec, x, x_residual, gamma, beta, eps, y, mean, rstd);
+    longattn::residual_layer_norm_backward(exec, dy, x, gamma, mean, rstd, dx_residual, dx, dgamma, dbeta);
+    const auto x_out = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), x);
+    for (int r = 0; r < rows; ++r)
+      for (int e = 0; e < E; ++e) {
+        INFO("x(" << r << ", " << e << ")");
+        REQUIRE(x_out(r, e) == T(xh(r, e) + xrh(r, e)));
+        xh(r, e) = x_out(r, e);  // the norm's input from here on
+      }
+  } else {
+    longattn::layer_norm_forward(exec, x, gamma, beta, eps, y, mean, rstd);
+    longattn::layer_norm_backward(exec, dy, x, gamma, mean, rstd, dx, dgamma, dbeta);
+  }
   exec.fence();
 
   const auto y_out = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), y);
@@ -752,7 +768,8 @@ void check_layer_norm(int rows, int E, std::mt19937_64& rng) {
     }
     for (int e = 0; e < E; ++e) {
       const double x_hat = (xh(r, e) - mu) * rs, g = dyh(r, e) * gh(e);
-      dx_err = std::max(dx_err, std::abs(dx_out(r, e) - rs * (g - mean_g - x_hat * mean_gx)));
+      const double around = residual ? double(dxrh(r, e)) : 0.0;  // through the residual connection
+      dx_err = std::max(dx_err, std::abs(dx_out(r, e) - (rs * (g - mean_g - x_hat * mean_gx) + around)));
     }
   }
   for (int e = 0; e < E; ++e) {
@@ -768,11 +785,12 @@ void check_layer_norm(int rows, int E, std::mt19937_64& rng) {
 template <class ExecSpace>
 void check_layer_norms() {
   std::mt19937_64 rng(longattn::test::test_seed());
-  for (const auto& [rows, E] : {std::pair{1, 1}, std::pair{37, 19}, std::pair{130, 256}}) {
-    check_layer_norm<ExecSpace, float, Kokkos::LayoutRight>(rows, E, rng);
-    check_layer_norm<ExecSpace, double, Kokkos::LayoutRight>(rows, E, rng);
-    check_layer_norm<ExecSpace, double, Kokkos::LayoutLeft>(rows, E, rng);
-  }
+  for (const auto& [rows, E] : {std::pair{1, 1}, std::pair{37, 19}, std::pair{130, 256}})
+    for (const bool residual : {false, true}) {
+      check_layer_norm<ExecSpace, float, Kokkos::LayoutRight>(rows, E, rng, residual);
+      check_layer_norm<ExecSpace, double, Kokkos::LayoutRight>(rows, E, rng, residual);
+      check_layer_norm<ExecSpace, double, Kokkos::LayoutLeft>(rows, E, rng, residual);
+    }
 }
 
 }  // namespace
@@ -810,4 +828,16 @@ TEST_CASE("layer_norm_forward and layer_norm_backward reject mismatched shapes",
                     Catch::Contains("'mean's extents' is [5], expected [6]"));
   CHECK_THROWS_WITH(longattn::layer_norm_backward(exec, y, x, gamma, mean, rstd, y, gamma, beta),
                     Catch::Contains("argument 'dx' is overlapping dy"));
+  CHECK_NOTHROW(longattn::residual_layer_norm_forward(exec, x, dx, gamma, beta, 1e-5, y, mean, rstd));
+  CHECK_THROWS_WITH(longattn::residual_layer_norm_forward(exec, x, M("r", 6, 7), gamma, beta, 1e-5, y, mean, rstd),
+                    Catch::Contains("'residual's extents' is [6, 7], expected [6, 8] (the extents of x)"));
+  CHECK_THROWS_WITH(longattn::residual_layer_norm_forward(exec, x, x, gamma, beta, 1e-5, y, mean, rstd),
+                    Catch::Contains("argument 'residual' is overlapping x"));
+  CHECK_THROWS_WITH(longattn::residual_layer_norm_forward(exec, x, y, gamma, beta, 1e-5, y, mean, rstd),
+                    Catch::Contains("argument 'y' is overlapping residual"));
+  CHECK_NOTHROW(longattn::residual_layer_norm_backward(exec, y, x, gamma, mean, rstd, x, dx, gamma, beta));
+  CHECK_THROWS_WITH(longattn::residual_layer_norm_backward(exec, y, x, gamma, mean, rstd, M("r", 5, 8), dx, gamma, beta),
+                    Catch::Contains("'residual's extents' is [5, 8], expected [6, 8]"));
+  CHECK_THROWS_WITH(longattn::residual_layer_norm_backward(exec, y, x, gamma, mean, rstd, dx, dx, gamma, beta),
+                    Catch::Contains("argument 'dx' is overlapping residual"));
 }

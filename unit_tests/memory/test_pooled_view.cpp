@@ -169,6 +169,11 @@ TEMPLATE_LIST_TEST_CASE("a pool counts PooledViews by the category current when 
   CHECK(in_use(Category::transient_copies) == small);  // `gone` went back under its own category
   CHECK(high(Category::transient_copies) == small + large);
   CHECK(in_use(Category::parameters) == 0);
+  // The peak of all categories together was with `gone` alive: every category's bytes then.
+  auto at_peak = [&](Category c) { return pool.category_stats()[std::size_t(c)].at_peak_bytes; };
+  CHECK(at_peak(Category::other) == small);
+  CHECK(at_peak(Category::activations) == large);
+  CHECK(at_peak(Category::transient_copies) == small + large);
   {
     const CategoryScope later(Category::parameters);  // a block counts where it was made, not where it goes
     kept.reset();
@@ -182,5 +187,14 @@ TEMPLATE_LIST_TEST_CASE("a pool counts PooledViews by the category current when 
   pool.reset_high_water();  // the categories' marks start again from what they hold
   CHECK(high(Category::activations) == 0);
   CHECK(high(Category::transient_copies) == small);
+  CHECK(at_peak(Category::transient_copies) == small);
+  CHECK(at_peak(Category::activations) == 0);
+  {
+    const CategoryScope later(Category::workspaces);  // a new peak: the snapshot moves with it
+    const PooledView<Vector> workspace(pool, 300000);
+    CHECK(at_peak(Category::workspaces) == large);
+    CHECK(at_peak(Category::other) == small);
+  }
+  CHECK(at_peak(Category::workspaces) == large);  // the mark stays after the block goes
   CHECK(std::string(longattn::memory::to_string(Category::optimizer_states)) == "optimizer states");
 }

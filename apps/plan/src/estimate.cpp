@@ -263,28 +263,31 @@ Estimate estimate(const Plan& plan, const AttentionWork& work) {
   e.memory.push_back({"transient copies", std::max(head_major, gemm_copies),
                       "the larger of the attention's head-major copies (" + number(head_major) +
                           " B) and a 16-bit matrix product's operand copies (" + number(gemm_copies) + " B)"});
-  // A layer's backward holds its attention's workspaces and head-major copies, or a product's copies.
-  const double layer_phase = std::max(attention_workspace + head_major, gemm_copies + gemm_workspace);
 
   // Communication buffers while a layer's backward runs, and as backward ends (after the
   // optimizer's step under ZeRO 1 and 2: the parameters all-gathered one tensor at a time).
-  double during = 0, end = 0;
+  // The context-parallel attention's buffers exist only while a layer's attention runs.
+  double during = 0, end = 0, attention_during = 0;
   std::string buffer_formula;
   const auto add_buffer = [&](double during_bytes, double end_bytes, const std::string& what) {
     during += during_bytes;
     end += end_bytes;
     buffer_formula += (buffer_formula.empty() ? "" : " + ") + what;
   };
+  const auto add_attention_buffer = [&](double bytes, const std::string& what) {
+    attention_during += bytes;
+    buffer_formula += (buffer_formula.empty() ? "" : " + ") + what;
+  };
   if (c > 1 && !dilated)  // 16-bit: a step's part of dK, dV in the model's type too
-    add_buffer(rows * (h / t) * (4 * element + 8 + (element < 4 ? 2 * element : 0)), 0,
-               "ring: K/V pieces in flight and a dK/dV piece");
+    add_attention_buffer(rows * (h / t) * (4 * element + 8 + (element < 4 ? 2 * element : 0)),
+                         "ring: K/V pieces in flight and a dK/dV piece");
   if (c > 1 && dilated) {
     double largest = 0;
     for (const auto& level : work.dilated_levels) {
       const double segment = std::min(level.segment, s);
       if (segment > s_local) largest = std::max(largest, 2 * segment / level.rate * b * (level.heads / t) * D * (element + 4));
     }
-    if (largest > 0) add_buffer(largest, 0, "gathered dilated K/V of a spanning segment and their fp32 gradients");
+    if (largest > 0) add_attention_buffer(largest, "gathered dilated K/V of a spanning segment and their fp32 gradients");
   }
   if (t > 1 && sp) add_buffer(4 * rows * h * element, 0, "sequence parallelism: gathered s b h and its staging, twice");
   // The data-parallel reduction. longattn's buckets (ZeRO 0 and 1) hold a copy of every gradient
@@ -313,14 +316,20 @@ Estimate estimate(const Plan& plan, const AttentionWork& work) {
     const double streamed = std::min(2 * bucket_bytes, e.parameters_per_gpu * reduce_bytes) + 2 * per_layer / t * element;
     add_buffer(streamed, streamed, "2 gradient buckets of 25 MiB and ZeRO-3's 2 layers' gathered parameters");
   }
-  e.memory.push_back({"communication buffers", std::max(during, end),
+  e.memory.push_back({"communication buffers", std::max(during + attention_during, end),
                       buffer_formula.empty() ? "none (one GPU per replica)"
                                              : "the larger of a layer's backward's and backward's end's: " + buffer_formula});
 
-  // The whole: the model's state and the activations, and the larger of the two moments: a
-  // layer's backward (every workspace, the layer's copies) and backward's end (its buffers).
-  e.memory_total = states.total() + gradient_group + activations +
-                   std::max(pass_buffers + layer_phase + during, backward_buffer_bytes(shape) + end);
+  // The whole: the model's state and the activations, and the largest of three moments: a
+  // layer's attention backward (its workspaces, head-major copies and ring or dilated buffers), a
+  // layer's matrix product (its operand copies), both beside backward's buffers and with ZeRO 2
+  // one layer's gradients; and backward's end (its buffers, the largest group's gradients).
+  const double layer_group = gradient_group > 0 ? per_layer / t * gradient_bytes : 0;
+  const double attention_moment = attention_workspace + head_major + attention_during;
+  const double product_moment = gemm_copies + gemm_workspace;
+  e.memory_total = states.total() + activations +
+                   std::max(pass_buffers + layer_group + during + std::max(attention_moment, product_moment),
+                            backward_buffer_bytes(shape) + end + gradient_group);
   e.memory_usable = cluster.gpu.memory_bytes * (1 - cluster.memory_reserve);
   e.fits = e.memory_total <= e.memory_usable;
 
@@ -393,14 +402,15 @@ Estimate estimate(const Plan& plan, const AttentionWork& work) {
   // The element-wise kernels of one micro-batch (ElementClass), by the elements they process: the
   // layers' norms (LN1, LN2 on replicated rows of h; the sub-LayerNorm on h / t) and GELU (f / t),
   // forward again under full recomputation and the sub-LayerNorm under selective; the row kernels
-  // (bias adds and their gradients on every linear layer's output, two residual adds) forward and
-  // backward, and with rotary positions the turns of Q and K (priced as row kernels); the final
-  // norm, the embeddings and the loss (the head's rows, V / vocab split).
+  // (bias adds and their gradients on every linear layer's output) forward and backward, with
+  // rotary positions the turns of Q and K (priced as row kernels), and forward the MLP's residual
+  // add (the attention's residual adds into LN2 forward, both backward into the norms' dx); the
+  // final norm, the embeddings and the loss (the head's rows, V / vocab split).
   const double Rr = shape.replicated, sub = model.sub_layer_norm ? 1 : 0;
   const double forward_passes = full ? 2 : 1, layers_here = L / p;
   const double norms = 2 * Rr * h + sub * rows * h / t;
   const double rotary = model.positions == Positions::rotary ? 2 * h / t : 0;
-  const double row_elements = rows * (3 * h / t + 2 * h + f / t + rotary) + 2 * Rr * h;
+  const double bias_elements = rows * (3 * h / t + 2 * h + f / t + rotary), residual_elements = Rr * h;
   const bool zero_sharded = layout.zero_stage >= 1 && n_dp > 1;  // each rank steps its 1/(dp x cp) of Psi_gpu
   std::array<double, element_class_count> elements{};
   elements[int(ElementClass::norm_forward)] =
@@ -410,7 +420,9 @@ Estimate estimate(const Plan& plan, const AttentionWork& work) {
   elements[int(ElementClass::norm_backward)] = micro_batches * (layers_here * norms + Rr * h / p);
   elements[int(ElementClass::gelu_forward)] = micro_batches * layers_here * rows * f / t * forward_passes;
   elements[int(ElementClass::gelu_backward)] = micro_batches * layers_here * rows * f / t;
-  elements[int(ElementClass::rows)] = micro_batches * (layers_here * row_elements * (forward_passes + 1) + 2 * Rr * h / p);
+  elements[int(ElementClass::rows)] =
+      micro_batches *
+      (layers_here * (bias_elements * (forward_passes + 1) + residual_elements * forward_passes) + 2 * Rr * h / p);
   elements[int(ElementClass::loss)] = micro_batches * head_rows * V / vocab_split / p;
   elements[int(ElementClass::optimizer)] = e.parameters_per_gpu / (zero_sharded ? n_dp : 1);
   const std::optional<ElementCosts>& costs = efficiency.element_costs[std::size_t(training.precision)];

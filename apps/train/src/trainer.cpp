@@ -299,9 +299,9 @@ nlohmann::json TrainResult::to_json(const TrainConfig& c) const {
   }
   const double steady_steps = double(steps.size() > 1 ? steps.size() - 1 : steps.size());
   const std::size_t memory = steps.empty() ? 0 : steps.back().memory_bytes, fixed = model_state_bytes + bucket_bytes;
-  const auto memory_by_category_json = [&] {
+  const auto categories_json = [](const std::vector<std::pair<std::string, std::size_t>>& table) {
     nlohmann::json categories = nlohmann::json::object();
-    for (const auto& [name, bytes] : memory_by_category) categories[name] = bytes;
+    for (const auto& [name, bytes] : table) categories[name] = bytes;
     return categories;
   };
   const double gflops = steady_seconds > 0 ? steady_steps * flops_per_step / steady_seconds * 1e-9 : 0;
@@ -315,7 +315,8 @@ nlohmann::json TrainResult::to_json(const TrainConfig& c) const {
                   // a step's time after the first, less its communication: what the planner's compute term predicts
                   {"steady_compute_seconds", steady_steps > 0 ? (steady_seconds - steady_comm) / steady_steps : 0.0},
                   {"memory_bytes", memory},
-                  {"memory_by_category", memory_by_category_json()},
+                  {"memory_by_category", categories_json(memory_by_category)},
+                  {"memory_at_peak", categories_json(memory_at_peak)},
                   {"phase_seconds", phase_json(phase_total)},  // every step's, summed
                   // the high-water mark beyond the model's state and the buckets: activations, workspaces
                   {"activation_bytes", memory > fixed ? memory - fixed : 0}};
@@ -826,16 +827,25 @@ TrainResult train(const TrainConfig& config, const parallel::Communicator& world
     if (buckets) result.bucket_bytes = buckets->buffer_bytes();
     if (scatter) result.bucket_bytes = scatter->buffer_bytes();
     // The step's time, communication, memory high-water and each category's high-water.
+    const memory::CategoryTable categories = context.pool().category_stats();
     std::vector<double> mine = {r.seconds, communication, double(context.pool().stats().in_use_high_water_bytes)};
-    for (const memory::CategoryStats& c : context.pool().category_stats()) mine.push_back(double(c.in_use_high_water_bytes));
+    for (const memory::CategoryStats& c : categories) mine.push_back(double(c.in_use_high_water_bytes));
     const std::size_t first_phase = mine.size();
     mine.insert(mine.end(), phases.begin(), phases.end());
     std::vector<double> most(mine.size());
     world.all_reduce(mine.data(), most.data(), mine.size(), parallel::DataType::float64, parallel::ReduceOp::max);
-    world.check_issue_order();  // with LONGATTN_RECORD_ISSUE_ORDER=1: the step's schedule alike on every rank
     result.memory_by_category.clear();
     for (int c = 0; c < memory::category_count; ++c)
       result.memory_by_category.emplace_back(memory::to_string(memory::Category(c)), std::size_t(most[std::size_t(3 + c)]));
+    // The peak's parts from the rank that holds the largest high-water (the others send zeros).
+    std::vector<double> at_peak(memory::category_count, 0.0), peak_parts(memory::category_count);
+    if (mine[2] == most[2])
+      for (int c = 0; c < memory::category_count; ++c) at_peak[std::size_t(c)] = double(categories[std::size_t(c)].at_peak_bytes);
+    world.all_reduce(at_peak.data(), peak_parts.data(), at_peak.size(), parallel::DataType::float64, parallel::ReduceOp::max);
+    world.check_issue_order();  // with LONGATTN_RECORD_ISSUE_ORDER=1: the step's schedule alike on every rank
+    result.memory_at_peak.clear();
+    for (int c = 0; c < memory::category_count; ++c)
+      result.memory_at_peak.emplace_back(memory::to_string(memory::Category(c)), std::size_t(peak_parts[std::size_t(c)]));
     r.seconds = most[0];
     r.tokens_per_second = double(config.batch * N) / r.seconds;
     r.gflops = result.flops_per_step / r.seconds * 1e-9;

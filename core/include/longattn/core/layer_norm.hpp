@@ -1,7 +1,10 @@
 // LayerNorm over the last dimension of a [rows, E] matrix, forward and backward:
 //   y = (x - mean) * rstd * gamma + beta,   rstd = 1 / sqrt(var + eps)   (biased variance)
 // Forward saves mean and rstd per row; backward recomputes x_hat from them and adds the
-// parameters' gradients into dgamma and dbeta. x, y, dy, dx, gamma and beta hold one storage type
+// parameters' gradients into dgamma and dbeta. A pre-norm transformer's residual connections
+// fuse into the norm's pass over a row: residual_layer_norm_forward adds the residual into x
+// before normalizing it, residual_layer_norm_backward adds the residual branch's gradient as it
+// writes dx (one kernel and one pass over the rows instead of two each). x, y, dy, dx, gamma and beta hold one storage type
 // T (float, double, bfloat16 or float16); the statistics, dgamma and dbeta hold accumulate_t<T>,
 // in which every sum is taken (float for the 16-bit types: mixed precision). Shapes are checked
 // (longattn::Error). One thread per row (per column for the parameter gradients): rows are long
@@ -63,13 +66,20 @@ KOKKOS_INLINE_FUNCTION void layer_norm_row_sums(const DY& dy, const X& x, const 
     g_x_hat_sum += g * (A(x(r, e)) - mu) * inverse;
   }
 }
-// dx of row r from the means of those sums over the features: rstd (g - mean(g) - x_hat mean(g x_hat)).
-template <class DY, class X, class Gamma, class A, class DX>
+// dx of row r from the means of those sums over the features: rstd (g - mean(g) - x_hat mean(g x_hat)),
+// plus residual's row where it has one (residual_layer_norm_backward).
+template <class DY, class X, class Gamma, class A, class DX, class Residual>
 KOKKOS_INLINE_FUNCTION void layer_norm_row_dx(const DY& dy, const X& x, const Gamma& gamma, A mu, A inverse,
-                                              std::int64_t r, int E, A g_mean, A g_x_hat_mean, const DX& dx) {
+                                              std::int64_t r, int E, A g_mean, A g_x_hat_mean, const DX& dx,
+                                              const Residual& residual) {
   using T = typename DX::non_const_value_type;
-  for (int e = 0; e < E; ++e)
-    dx(r, e) = T(inverse * (A(dy(r, e)) * A(gamma(e)) - g_mean - (A(x(r, e)) - mu) * inverse * g_x_hat_mean));
+  const auto norm_dx = [&](int e) {
+    return inverse * (A(dy(r, e)) * A(gamma(e)) - g_mean - (A(x(r, e)) - mu) * inverse * g_x_hat_mean);
+  };
+  if (residual.data() == nullptr)  // two loops, each without a branch: both vectorize
+    for (int e = 0; e < E; ++e) dx(r, e) = T(norm_dx(e));
+  else
+    for (int e = 0; e < E; ++e) dx(r, e) = T(norm_dx(e) + A(residual(r, e)));
 }
 
 // dgamma += sum_rows dy x_hat, dbeta += sum_rows dy: on a host a thread per column, rows in
@@ -119,12 +129,15 @@ struct LayerNormKernels {
   template <class Value>
   using Vector = Kokkos::View<Value*, Kokkos::LayoutStride, Memory, Unmanaged>;
 
-  static void forward(const ExecSpace& exec, const Matrix<const T>& x, const Vector<const T>& gamma,
-                      const Vector<const T>& beta, A epsilon, const Matrix<T>& y, const Vector<A>& mean,
-                      const Vector<A>& rstd);
+  // With a residual (else an empty view), sum = x + residual first and the norm of sum (sum may be x).
+  static void forward(const ExecSpace& exec, const Matrix<const T>& x, const Matrix<const T>& residual,
+                      const Matrix<T>& sum, const Vector<const T>& gamma, const Vector<const T>& beta, A epsilon,
+                      const Matrix<T>& y, const Vector<A>& mean, const Vector<A>& rstd);
+  // With a residual (else an empty view), dx = the norm's dx + residual.
   static void backward(const ExecSpace& exec, const Matrix<const T>& dy, const Matrix<const T>& x,
                        const Vector<const T>& gamma, const Vector<const A>& mean, const Vector<const A>& rstd,
-                       const Matrix<T>& dx, const Vector<A>& dgamma, const Vector<A>& dbeta);
+                       const Matrix<const T>& residual, const Matrix<T>& dx, const Vector<A>& dgamma,
+                       const Vector<A>& dbeta);
 
   // A [rows, E] view of any layout as this class's matrix (its strides kept).
   template <class Value, class View>
@@ -143,20 +156,31 @@ struct LayerNormKernels {
 
 template <class ExecSpace, class T, class Layout>
 void LayerNormKernels<ExecSpace, T, Layout>::forward(const ExecSpace& exec, const Matrix<const T>& x,
+                                                     const Matrix<const T>& residual, const Matrix<T>& sum,
                                                      const Vector<const T>& gamma, const Vector<const T>& beta,
                                                      A epsilon, const Matrix<T>& y, const Vector<A>& mean,
                                                      const Vector<A>& rstd) {
   const int E = static_cast<int>(x.extent(1));
+  const bool add = residual.data() != nullptr;
+  const Matrix<const T> input = add ? Matrix<const T>(sum) : x;  // what is normalized, in T
   Kokkos::parallel_for(
       "longattn::layer_norm_forward", Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(exec, 0, x.extent(0)),
       KOKKOS_LAMBDA(std::int64_t r) {
-        A sum = 0;
-        for (int e = 0; e < E; ++e) sum += A(x(r, e));
-        const A mu = sum / A(E);
+        A total = 0;
+        if (add) {
+          for (int e = 0; e < E; ++e) {
+            const T value = T(A(x(r, e)) + A(residual(r, e)));
+            sum(r, e) = value;
+            total += A(value);
+          }
+        } else {
+          for (int e = 0; e < E; ++e) total += A(x(r, e));
+        }
+        const A mu = total / A(E);
         A squares = 0;
-        for (int e = 0; e < E; ++e) squares += (A(x(r, e)) - mu) * (A(x(r, e)) - mu);
+        for (int e = 0; e < E; ++e) squares += (A(input(r, e)) - mu) * (A(input(r, e)) - mu);
         const A inverse = A(1) / math::sqrt(squares / A(E) + epsilon);
-        for (int e = 0; e < E; ++e) y(r, e) = T((A(x(r, e)) - mu) * inverse * A(gamma(e)) + A(beta(e)));
+        for (int e = 0; e < E; ++e) y(r, e) = T((A(input(r, e)) - mu) * inverse * A(gamma(e)) + A(beta(e)));
         mean(r) = mu;
         rstd(r) = inverse;
       });
@@ -168,8 +192,8 @@ template <class ExecSpace, class T, class Layout>
 void LayerNormKernels<ExecSpace, T, Layout>::backward(const ExecSpace& exec, const Matrix<const T>& dy,
                                                       const Matrix<const T>& x, const Vector<const T>& gamma,
                                                       const Vector<const A>& mean, const Vector<const A>& rstd,
-                                                      const Matrix<T>& dx, const Vector<A>& dgamma,
-                                                      const Vector<A>& dbeta) {
+                                                      const Matrix<const T>& residual, const Matrix<T>& dx,
+                                                      const Vector<A>& dgamma, const Vector<A>& dbeta) {
   const std::int64_t rows = x.extent(0);
   const int E = static_cast<int>(x.extent(1));
   Kokkos::parallel_for(
@@ -177,7 +201,7 @@ void LayerNormKernels<ExecSpace, T, Layout>::backward(const ExecSpace& exec, con
       KOKKOS_LAMBDA(std::int64_t r) {
         A g_sum = 0, g_x_hat_sum = 0;
         layer_norm_row_sums(dy, x, gamma, mean(r), rstd(r), r, E, g_sum, g_x_hat_sum);
-        layer_norm_row_dx(dy, x, gamma, mean(r), rstd(r), r, E, g_sum / A(E), g_x_hat_sum / A(E), dx);
+        layer_norm_row_dx(dy, x, gamma, mean(r), rstd(r), r, E, g_sum / A(E), g_x_hat_sum / A(E), dx, residual);
       });
   detail::layer_norm_parameter_gradients(exec, dy, x, mean, rstd, dgamma, dbeta);
 }
@@ -198,33 +222,56 @@ bool row_major(const Matrices&... matrices) {
 
 }  // namespace detail
 
-template <class ExecSpace, class X, class Gamma, class Y, class Stats>
-void layer_norm_forward(const ExecSpace& exec, const X& x, const Gamma& gamma, const Gamma& beta, double eps,
-                        const Y& y, const Stats& mean, const Stats& rstd) {
+namespace detail {
+
+// The checks and the layout choice of both forward entry points; residual and sum empty views
+// (nullptr_t) for the plain norm.
+template <class ExecSpace, class X, class Residual, class Gamma, class Y, class Stats>
+void layer_norm_forward(const char* where, const ExecSpace& exec, const X& x, const Residual& residual,
+                        const Gamma& gamma, const Gamma& beta, double eps, const Y& y, const Stats& mean,
+                        const Stats& rstd) {
   static_assert(std::is_same_v<longattn::scalar_of<X>, longattn::scalar_of<Y>> &&
                     std::is_same_v<longattn::scalar_of<X>, longattn::scalar_of<Gamma>> &&
                     std::is_same_v<accumulate_t<longattn::scalar_of<X>>, longattn::scalar_of<Stats>>,
                 "layer_norm_forward: x, gamma, beta and y hold one storage type T, mean and rstd accumulate_t<T>");
-  const char* where = "longattn::layer_norm_forward";
-  detail::check_layer_norm(where, x, gamma, mean, rstd);
-  longattn::check_extents(where, "beta", beta, {std::int64_t(x.extent(1))}, "[E] of x");
-  longattn::check_extents(where, "y", y, {std::int64_t(x.extent(0)), std::int64_t(x.extent(1))}, "the extents of x");
+  constexpr bool fused = !std::is_same_v<Residual, std::nullptr_t>;
+  check_layer_norm(where, x, gamma, mean, rstd);
+  const std::int64_t rows = x.extent(0), columns = x.extent(1);
+  longattn::check_extents(where, "beta", beta, {columns}, "[E] of x");
+  longattn::check_extents(where, "y", y, {rows, columns}, "the extents of x");
   require(eps > 0 && std::isfinite(eps), where, "eps", eps, "a positive finite number");
   using T = longattn::scalar_of<Y>;
   using A = accumulate_t<T>;
   const auto run = [&](auto kernels) {
     using K = decltype(kernels);
-    K::forward(exec, K::template matrix<const T>(x), K::template vector<const T>(gamma),
-               K::template vector<const T>(beta), static_cast<A>(eps), K::template matrix<T>(y),
-               K::template vector<A>(mean), K::template vector<A>(rstd));
+    if constexpr (fused)
+      K::forward(exec, K::template matrix<const T>(x), K::template matrix<const T>(residual), K::template matrix<T>(x),
+                 K::template vector<const T>(gamma), K::template vector<const T>(beta), static_cast<A>(eps),
+                 K::template matrix<T>(y), K::template vector<A>(mean), K::template vector<A>(rstd));
+    else
+      K::forward(exec, K::template matrix<const T>(x), {}, {}, K::template vector<const T>(gamma),
+                 K::template vector<const T>(beta), static_cast<A>(eps), K::template matrix<T>(y),
+                 K::template vector<A>(mean), K::template vector<A>(rstd));
   };
-  if (detail::row_major(x, y)) run(detail::LayerNormKernels<ExecSpace, T, Kokkos::LayoutRight>{});
-  else run(detail::LayerNormKernels<ExecSpace, T, Kokkos::LayoutStride>{});
+  bool row_major_views = row_major(x, y);
+  if constexpr (fused) {
+    static_assert(std::is_same_v<longattn::scalar_of<Residual>, longattn::scalar_of<X>> &&
+                      !std::is_const_v<typename X::value_type>,
+                  "residual_layer_norm_forward: x (written: x + residual) and residual hold one storage type T");
+    longattn::check_extents(where, "residual", residual, {rows, columns}, "the extents of x");
+    longattn::check_no_alias(where, "residual", residual, "x", x);
+    longattn::check_no_alias(where, "y", y, "residual", residual);
+    row_major_views = row_major_views && row_major(residual);
+  }
+  if (row_major_views) run(LayerNormKernels<ExecSpace, T, Kokkos::LayoutRight>{});
+  else run(LayerNormKernels<ExecSpace, T, Kokkos::LayoutStride>{});
 }
 
-template <class ExecSpace, class DY, class X, class Gamma, class Stats, class DX, class DGamma>
-void layer_norm_backward(const ExecSpace& exec, const DY& dy, const X& x, const Gamma& gamma, const Stats& mean,
-                         const Stats& rstd, const DX& dx, const DGamma& dgamma, const DGamma& dbeta) {
+// And both backward entry points; residual nullptr_t for the plain norm.
+template <class ExecSpace, class DY, class X, class Gamma, class Stats, class Residual, class DX, class DGamma>
+void layer_norm_backward(const char* where, const ExecSpace& exec, const DY& dy, const X& x, const Gamma& gamma,
+                         const Stats& mean, const Stats& rstd, const Residual& residual, const DX& dx,
+                         const DGamma& dgamma, const DGamma& dbeta) {
   static_assert(std::is_same_v<longattn::scalar_of<X>, longattn::scalar_of<DY>> &&
                     std::is_same_v<longattn::scalar_of<X>, longattn::scalar_of<Gamma>> &&
                     std::is_same_v<longattn::scalar_of<X>, longattn::scalar_of<DX>> &&
@@ -232,18 +279,64 @@ void layer_norm_backward(const ExecSpace& exec, const DY& dy, const X& x, const 
                     std::is_same_v<accumulate_t<longattn::scalar_of<X>>, longattn::scalar_of<DGamma>>,
                 "layer_norm_backward: dy, x, gamma and dx hold one storage type T, mean, rstd, dgamma and dbeta "
                 "accumulate_t<T>");
-  detail::check_layer_norm_backward("longattn::layer_norm_backward", dy, x, gamma, mean, rstd, dx, dgamma, dbeta);
+  constexpr bool fused = !std::is_same_v<Residual, std::nullptr_t>;
+  check_layer_norm_backward(where, dy, x, gamma, mean, rstd, dx, dgamma, dbeta);
   using T = longattn::scalar_of<DX>;
   using A = accumulate_t<T>;
   const auto run = [&](auto kernels) {
     using K = decltype(kernels);
+    typename K::template Matrix<const T> residual_matrix;
+    if constexpr (fused) residual_matrix = K::template matrix<const T>(residual);
     K::backward(exec, K::template matrix<const T>(dy), K::template matrix<const T>(x),
                 K::template vector<const T>(gamma), K::template vector<const A>(mean),
-                K::template vector<const A>(rstd), K::template matrix<T>(dx), K::template vector<A>(dgamma),
-                K::template vector<A>(dbeta));
+                K::template vector<const A>(rstd), residual_matrix, K::template matrix<T>(dx),
+                K::template vector<A>(dgamma), K::template vector<A>(dbeta));
   };
-  if (detail::row_major(dy, x, dx)) run(detail::LayerNormKernels<ExecSpace, T, Kokkos::LayoutRight>{});
-  else run(detail::LayerNormKernels<ExecSpace, T, Kokkos::LayoutStride>{});
+  bool row_major_views = row_major(dy, x, dx);
+  if constexpr (fused) {
+    static_assert(std::is_same_v<longattn::scalar_of<Residual>, longattn::scalar_of<DX>>,
+                  "residual_layer_norm_backward: residual and dx hold one storage type T");
+    longattn::check_extents(where, "residual", residual, {std::int64_t(x.extent(0)), std::int64_t(x.extent(1))},
+                            "the extents of x");
+    longattn::check_no_alias(where, "dx", dx, "residual", residual);
+    row_major_views = row_major_views && row_major(residual);
+  }
+  if (row_major_views) run(LayerNormKernels<ExecSpace, T, Kokkos::LayoutRight>{});
+  else run(LayerNormKernels<ExecSpace, T, Kokkos::LayoutStride>{});
+}
+
+}  // namespace detail
+
+template <class ExecSpace, class X, class Gamma, class Y, class Stats>
+void layer_norm_forward(const ExecSpace& exec, const X& x, const Gamma& gamma, const Gamma& beta, double eps,
+                        const Y& y, const Stats& mean, const Stats& rstd) {
+  detail::layer_norm_forward("longattn::layer_norm_forward", exec, x, nullptr, gamma, beta, eps, y, mean, rstd);
+}
+
+// x += residual (rounded to T), then y = LayerNorm(x): a pre-norm block's residual connection
+// and the norm after it. residual overlaps neither x nor y.
+template <class ExecSpace, class X, class Residual, class Gamma, class Y, class Stats>
+void residual_layer_norm_forward(const ExecSpace& exec, const X& x, const Residual& residual, const Gamma& gamma,
+                                 const Gamma& beta, double eps, const Y& y, const Stats& mean, const Stats& rstd) {
+  detail::layer_norm_forward("longattn::residual_layer_norm_forward", exec, x, residual, gamma, beta, eps, y, mean,
+                             rstd);
+}
+
+template <class ExecSpace, class DY, class X, class Gamma, class Stats, class DX, class DGamma>
+void layer_norm_backward(const ExecSpace& exec, const DY& dy, const X& x, const Gamma& gamma, const Stats& mean,
+                         const Stats& rstd, const DX& dx, const DGamma& dgamma, const DGamma& dbeta) {
+  detail::layer_norm_backward("longattn::layer_norm_backward", exec, dy, x, gamma, mean, rstd, nullptr, dx, dgamma,
+                              dbeta);
+}
+
+// layer_norm_backward with dx = the norm's input gradient + residual (the gradient that reaches
+// the norm's input around it, through the residual connection). residual does not overlap dx.
+template <class ExecSpace, class DY, class X, class Gamma, class Stats, class Residual, class DX, class DGamma>
+void residual_layer_norm_backward(const ExecSpace& exec, const DY& dy, const X& x, const Gamma& gamma,
+                                  const Stats& mean, const Stats& rstd, const Residual& residual, const DX& dx,
+                                  const DGamma& dgamma, const DGamma& dbeta) {
+  detail::layer_norm_backward("longattn::residual_layer_norm_backward", exec, dy, x, gamma, mean, rstd, residual, dx,
+                              dgamma, dbeta);
 }
 
 // LayerNorm over features split across a FeatureGroup of P ranks (tensor parallelism): x, y, dy
@@ -324,7 +417,8 @@ void layer_norm_backward(const ExecutionContext<ExecSpace>& ctx, const FeatureGr
   group.sum(exec, s.data(), s.size());
   Kokkos::parallel_for(
       "longattn::layer_norm_backward::dx", Rows(exec, 0, rows), KOKKOS_LAMBDA(std::int64_t r) {
-        detail::layer_norm_row_dx(dy, x, gamma, mean(r), rstd(r), r, E, s(r, 0) / features, s(r, 1) / features, dx);
+        detail::layer_norm_row_dx(dy, x, gamma, mean(r), rstd(r), r, E, s(r, 0) / features, s(r, 1) / features, dx,
+                                  DX());
       });
   detail::layer_norm_parameter_gradients(exec, dy, x, mean, rstd, dgamma, dbeta);
 }

@@ -54,6 +54,9 @@ struct CategoryStats {
   Category category = Category::other;
   std::size_t in_use_bytes = 0;
   std::size_t in_use_high_water_bytes = 0;  // since the pool began or its last reset_high_water()
+  // Its bytes when all categories together were at their high-water: which parts made the peak
+  // (the categories' own high-waters need not fall at one moment).
+  std::size_t at_peak_bytes = 0;
 };
 using CategoryTable = std::array<CategoryStats, category_count>;  // indexed by int(Category)
 

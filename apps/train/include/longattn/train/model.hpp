@@ -339,9 +339,11 @@ class Transformer {
   void linear_backward(const Matrix& x, const Matrix& dy, std::size_t w, std::size_t b, const Matrix& dx,
                        Parallel parallel) const;
   std::size_t local_hidden() const { return std::size_t(config_.hidden() / parts_); }
-  void norm_forward(const Matrix& x, std::size_t ln, const Matrix& y, LayerNormStats& stats) const;
-  void norm_backward(const Matrix& dy, const Matrix& x, std::size_t ln, const LayerNormStats& stats,
-                     const Matrix& dx) const;
+  // With a residual: x += residual first (forward), dx += residual (backward), in the norm's pass.
+  void norm_forward(const Matrix& x, std::size_t ln, const Matrix& y, LayerNormStats& stats,
+                    const Matrix& residual = {}) const;
+  void norm_backward(const Matrix& dy, const Matrix& x, std::size_t ln, const LayerNormStats& stats, const Matrix& dx,
+                     const Matrix& residual = {}) const;
 
   Context context_;
   ModelConfig config_;

@@ -142,6 +142,9 @@ struct TrainResult {
   // in category.hpp's order), the largest over ranks; each category's own peak, so their sum may
   // exceed the whole's (StepRecord::memory_bytes).
   std::vector<std::pair<std::string, std::size_t>> memory_by_category;
+  // Each category's bytes at the moment the categories together peaked, on the rank whose
+  // high-water is the largest: what made the whole's peak.
+  std::vector<std::pair<std::string, std::size_t>> memory_at_peak;
   double flops_per_step = 0, peak_gflops = 0;
   // longattn-plan's memory per rank for this run (prediction.hpp), its terms by name; none when
   // the planner cannot describe the run.

@@ -463,19 +463,28 @@ void Transformer<ExecSpace, T>::linear_backward(const Matrix& x, const Matrix& d
 }
 
 template <class ExecSpace, class T>
-void Transformer<ExecSpace, T>::norm_forward(const Matrix& x, std::size_t ln, const Matrix& y,
-                                             LayerNormStats& stats) const {
+void Transformer<ExecSpace, T>::norm_forward(const Matrix& x, std::size_t ln, const Matrix& y, LayerNormStats& stats,
+                                             const Matrix& residual) const {
   const std::size_t E = config_.embed;
-  layer_norm_forward(context_.exec(), x, vector(values_, ln, E), vector(values_, ln + E, E), 1e-5, y, stats.mean.view(),
-                     stats.rstd.view());
+  const auto gamma = vector(values_, ln, E), beta = vector(values_, ln + E, E);
+  if (residual.data())
+    residual_layer_norm_forward(context_.exec(), x, residual, gamma, beta, 1e-5, y, stats.mean.view(), stats.rstd.view());
+  else
+    layer_norm_forward(context_.exec(), x, gamma, beta, 1e-5, y, stats.mean.view(), stats.rstd.view());
 }
 
 template <class ExecSpace, class T>
 void Transformer<ExecSpace, T>::norm_backward(const Matrix& dy, const Matrix& x, std::size_t ln,
-                                              const LayerNormStats& stats, const Matrix& dx) const {
+                                              const LayerNormStats& stats, const Matrix& dx,
+                                              const Matrix& residual) const {
   const std::size_t E = config_.embed;
-  layer_norm_backward(context_.exec(), dy, x, vector(values_, ln, E), stats.mean.view(), stats.rstd.view(), dx,
-                      gradient_vector(ln, E), gradient_vector(ln + E, E));
+  const auto gamma = vector(values_, ln, E);
+  const auto dgamma = gradient_vector(ln, E), dbeta = gradient_vector(ln + E, E);
+  if (residual.data())
+    residual_layer_norm_backward(context_.exec(), dy, x, gamma, stats.mean.view(), stats.rstd.view(), residual, dx,
+                                 dgamma, dbeta);
+  else
+    layer_norm_backward(context_.exec(), dy, x, gamma, stats.mean.view(), stats.rstd.view(), dx, dgamma, dbeta);
 }
 
 template <class ExecSpace, class T>
@@ -530,8 +539,7 @@ void Transformer<ExecSpace, T>::block_forward(Block& b, const Matrix* next) {
   // Rotary: the positions of all n tokens of the sequences (the module gathers them under
   // sequence parallelism).
   b.attention->forward(tokens3(b.h1), tokens3(b.x2), learned_positions() ? Positions() : batch_data_.positions);
-  detail::add_into(exec, rows(b.x2), rows(b.x));
-  norm_forward(rows(b.x2), b.ln2, rows(b.h2), b.norm2);
+  norm_forward(rows(b.x2), b.ln2, rows(b.h2), b.norm2, rows(b.x));  // x2 = attention + x, h2 = norm2(x2)
   linear_forward(rows(b.h2), b.w1, b.b1, rows(b.u), Parallel::column);
   detail::gelu_forward(exec, rows(b.u), rows(b.g));
   if (!next) return;
@@ -574,12 +582,10 @@ void Transformer<ExecSpace, T>::backward(const std::function<void(int)>& ready) 
     linear_backward(rows(b.g), rows(d_x_), b.w2, b.b2, rows(d_hidden_), Parallel::row);
     detail::gelu_backward(exec, rows(b.u), rows(d_hidden_));
     linear_backward(rows(b.h2), rows(d_hidden_), b.w1, b.b1, rows(d_h_), Parallel::column);
-    norm_backward(rows(d_h_), rows(b.x2), b.ln2, b.norm2, rows(d_x2_));
-    detail::add_into(exec, rows(d_x2_), rows(d_x_));
+    norm_backward(rows(d_h_), rows(b.x2), b.ln2, b.norm2, rows(d_x2_), rows(d_x_));  // + d_x around the MLP
     finish(5);
     b.attention->backward(tokens3(d_x2_), tokens3(d_h_));
-    norm_backward(rows(d_h_), rows(b.x), b.ln1, b.norm1, rows(d_x_));
-    detail::add_into(exec, rows(d_x_), rows(d_x2_));
+    norm_backward(rows(d_h_), rows(b.x), b.ln1, b.norm1, rows(d_x_), rows(d_x2_));  // + d_x2 around the attention
     if (full) {
       release_activations(b);
       b.attention->release_activations();
