@@ -230,27 +230,28 @@ void PoolState::reset_high_water() {
   for (const auto& arena : arenas) in_use += arena->unpublished_in_use();
   in_use_high_.store(in_use);
   for (CategoryCount& c : categories_) c.high.store(c.in_use.load());
-  while (peak_lock_.test_and_set(std::memory_order_acquire)) {
-  }
-  categorized_high_ = 0;
+  const PeakLock lock(peak_lock_);
+  std::int64_t total = 0;
   for (int i = 0; i < category_count; ++i) {
     at_peak_[std::size_t(i)] = categories_[std::size_t(i)].in_use.load(std::memory_order_relaxed);
-    categorized_high_ += at_peak_[std::size_t(i)];
+    total += at_peak_[std::size_t(i)];
   }
-  peak_lock_.clear(std::memory_order_release);
+  categorized_high_.store(total, std::memory_order_relaxed);
 }
 
 void PoolState::note_categorized_peak() noexcept {
   std::array<std::int64_t, category_count> now;
   std::int64_t total = 0;
-  for (int i = 0; i < category_count; ++i) total += now[std::size_t(i)] = categories_[std::size_t(i)].in_use.load(std::memory_order_relaxed);
-  while (peak_lock_.test_and_set(std::memory_order_acquire)) {
+  for (int i = 0; i < category_count; ++i) {
+    now[std::size_t(i)] = categories_[std::size_t(i)].in_use.load(std::memory_order_relaxed);
+    total += now[std::size_t(i)];
   }
-  if (total > categorized_high_) {
-    categorized_high_ = total;
+  if (total <= categorized_high_.load(std::memory_order_relaxed)) return;
+  const PeakLock lock(peak_lock_);
+  if (total > categorized_high_.load(std::memory_order_relaxed)) {
+    categorized_high_.store(total, std::memory_order_relaxed);
     at_peak_ = now;
   }
-  peak_lock_.clear(std::memory_order_release);
 }
 
 CategoryTable PoolState::category_stats() const {
@@ -260,11 +261,9 @@ CategoryTable PoolState::category_stats() const {
     table[std::size_t(i)] = {Category(i), std::size_t(std::max<std::int64_t>(0, c.in_use.load())),
                              std::size_t(std::max<std::int64_t>(0, c.high.load())), 0};
   }
-  while (peak_lock_.test_and_set(std::memory_order_acquire)) {
-  }
+  const PeakLock lock(peak_lock_);
   for (int i = 0; i < category_count; ++i)
     table[std::size_t(i)].at_peak_bytes = std::size_t(std::max<std::int64_t>(0, at_peak_[std::size_t(i)]));
-  peak_lock_.clear(std::memory_order_release);
   return table;
 }
 

@@ -355,9 +355,23 @@ class PoolState {
     std::atomic<std::int64_t> in_use{0}, high{0};
   };
   std::array<CategoryCount, category_count> categories_;
-  // The categories' sum at its high-water and each one's bytes then; the lock keeps a snapshot whole.
+  // The categories' sum at its high-water (read without the lock: most blocks make no new peak)
+  // and each one's bytes then; the lock keeps a snapshot whole.
+  class PeakLock {
+   public:
+    explicit PeakLock(std::atomic_flag& flag) noexcept : flag_(flag) {
+      while (flag_.test_and_set(std::memory_order_acquire)) {
+      }
+    }
+    ~PeakLock() { flag_.clear(std::memory_order_release); }
+    PeakLock(const PeakLock&) = delete;
+    PeakLock& operator=(const PeakLock&) = delete;
+
+   private:
+    std::atomic_flag& flag_;
+  };
   mutable std::atomic_flag peak_lock_ = ATOMIC_FLAG_INIT;
-  std::int64_t categorized_high_ = 0;
+  std::atomic<std::int64_t> categorized_high_{0};
   std::array<std::int64_t, category_count> at_peak_{};
 };
 
