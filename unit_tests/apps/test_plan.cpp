@@ -416,6 +416,15 @@ TEST_CASE("element-wise kernels: the elements of each class, worked by hand, at 
   CHECK(count(estimate(plan), ElementClass::rows) == 2 * R * (3 * h + 2 * h + f + 2 * h) + R * h + 2 * R * h);
   CHECK(e.parameters - estimate(plan).parameters == 128 * h);
   plan.model.positions = Positions::learned;
+  // ZeRO 2 over two data-parallel GPUs (each its own sequence) copies every gradient into the
+  // reduce-scatter's buckets once a micro-batch.
+  plan.cluster.gpus = 2;
+  plan.layout = {1, 1, 2, 1, 2, 1};
+  const Estimate zero2 = estimate(plan);
+  CHECK(count(zero2, ElementClass::rows) == (2 * (R / 2) * (3 * h + 2 * h + f) + (R / 2) * h + 2 * (R / 2) * h) +
+                                                zero2.parameters_per_gpu);
+  plan.cluster.gpus = 1;
+  plan.layout = {1, 1, 1, 1, 0, 2};
   CHECK(count(e, ElementClass::loss) == R * V);
   CHECK(count(e, ElementClass::optimizer) == e.parameters_per_gpu);
   CHECK(term(e.time, "element-wise kernels").value == 0);  // no costs: not counted

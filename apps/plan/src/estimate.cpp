@@ -404,8 +404,9 @@ Estimate estimate(const Plan& plan, const AttentionWork& work) {
   // forward again under full recomputation and the sub-LayerNorm under selective; the row kernels
   // (bias adds and their gradients on every linear layer's output) forward and backward, with
   // rotary positions the turns of Q and K (priced as row kernels), and forward the MLP's residual
-  // add (the attention's residual adds into LN2 forward, both backward into the norms' dx); the
-  // final norm, the embeddings and the loss (the head's rows, V / vocab split).
+  // add (the attention's residual adds into LN2 forward, both backward into the norms' dx), and
+  // under ZeRO 2 the gradients' copies into the reduce-scatter's buckets; the final norm, the
+  // embeddings and the loss (the head's rows, V / vocab split).
   const double Rr = shape.replicated, sub = model.sub_layer_norm ? 1 : 0;
   const double forward_passes = full ? 2 : 1, layers_here = L / p;
   const double norms = 2 * Rr * h + sub * rows * h / t;
@@ -420,9 +421,11 @@ Estimate estimate(const Plan& plan, const AttentionWork& work) {
   elements[int(ElementClass::norm_backward)] = micro_batches * (layers_here * norms + Rr * h / p);
   elements[int(ElementClass::gelu_forward)] = micro_batches * layers_here * rows * f / t * forward_passes;
   elements[int(ElementClass::gelu_backward)] = micro_batches * layers_here * rows * f / t;
+  // ZeRO 2 copies every gradient into its bucket's blocks after each micro-batch's backward pass.
+  const double zero2_pack = layout.zero_stage == 2 && n_dp > 1 ? e.parameters_per_gpu : 0;
   elements[int(ElementClass::rows)] =
-      micro_batches *
-      (layers_here * (bias_elements * (forward_passes + 1) + residual_elements * forward_passes) + 2 * Rr * h / p);
+      micro_batches * (layers_here * (bias_elements * (forward_passes + 1) + residual_elements * forward_passes) +
+                       2 * Rr * h / p + zero2_pack);
   elements[int(ElementClass::loss)] = micro_batches * head_rows * V / vocab_split / p;
   elements[int(ElementClass::optimizer)] = e.parameters_per_gpu / (zero_sharded ? n_dp : 1);
   const std::optional<ElementCosts>& costs = efficiency.element_costs[std::size_t(training.precision)];

@@ -220,10 +220,6 @@ bool row_major(const Matrices&... matrices) {
            (matrices.extent(0) <= 1 || std::size_t(matrices.stride(0)) == matrices.extent(1))) && ...);
 }
 
-}  // namespace detail
-
-namespace detail {
-
 // The checks and the layout choice of both forward entry points; residual and sum empty views
 // (nullptr_t) for the plain norm.
 template <class ExecSpace, class X, class Residual, class Gamma, class Y, class Stats>
@@ -244,14 +240,15 @@ void layer_norm_forward(const char* where, const ExecSpace& exec, const X& x, co
   using A = accumulate_t<T>;
   const auto run = [&](auto kernels) {
     using K = decltype(kernels);
-    if constexpr (fused)
-      K::forward(exec, K::template matrix<const T>(x), K::template matrix<const T>(residual), K::template matrix<T>(x),
-                 K::template vector<const T>(gamma), K::template vector<const T>(beta), static_cast<A>(eps),
-                 K::template matrix<T>(y), K::template vector<A>(mean), K::template vector<A>(rstd));
-    else
-      K::forward(exec, K::template matrix<const T>(x), {}, {}, K::template vector<const T>(gamma),
-                 K::template vector<const T>(beta), static_cast<A>(eps), K::template matrix<T>(y),
-                 K::template vector<A>(mean), K::template vector<A>(rstd));
+    typename K::template Matrix<const T> residual_matrix;
+    typename K::template Matrix<T> sum_matrix;  // x + residual, written over x
+    if constexpr (fused) {
+      residual_matrix = K::template matrix<const T>(residual);
+      sum_matrix = K::template matrix<T>(x);
+    }
+    K::forward(exec, K::template matrix<const T>(x), residual_matrix, sum_matrix, K::template vector<const T>(gamma),
+               K::template vector<const T>(beta), static_cast<A>(eps), K::template matrix<T>(y),
+               K::template vector<A>(mean), K::template vector<A>(rstd));
   };
   bool row_major_views = row_major(x, y);
   if constexpr (fused) {

@@ -60,16 +60,19 @@ inline ShardPiece shard_piece(std::size_t count, int ranks, int rank) {
 namespace detail {
 
 // blocks[r block + offset + j] = V(data[r S + j]) for rank r's piece of a gradient of `count`
-// elements (zero past its end), every rank r.
+// elements (zero past its end), every rank r. One index j a thread, the ranks in its loop: no
+// division per element (a flat index cut as i / S and i % S ran at 8 ns an element on a CPU).
 template <class ExecSpace, class V>
 void pack_blocks(const ExecSpace& exec, const float* data, std::size_t count, std::size_t S, std::size_t ranks,
                  V* blocks, std::size_t block, std::size_t offset) {
   Kokkos::parallel_for(
       "longattn::parallel::GradientReduceScatter::pack",
-      Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(exec, 0, std::int64_t(S * ranks)),
-      KOKKOS_LAMBDA(std::int64_t i) {
-        const std::size_t r = std::size_t(i) / S, j = std::size_t(i) % S, k = r * S + j;
-        blocks[r * block + offset + j] = k < count ? V(data[k]) : V(0.0f);
+      Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(exec, 0, std::int64_t(S)),
+      KOKKOS_LAMBDA(std::int64_t j) {
+        for (std::size_t r = 0; r < ranks; ++r) {
+          const std::size_t k = r * S + std::size_t(j);
+          blocks[r * block + offset + std::size_t(j)] = k < count ? V(data[k]) : V(0.0f);
+        }
       });
 }
 
