@@ -9,8 +9,7 @@ and block-sparse attention, and rings of 2 ranks) under the kernel_times Kokkos 
 (perf_tests/kernel_times.cpp), sorts each kernel timed inside a step's phases into a class by its
 name (or its phase: the optimizer's), takes the difference of the two runs (10 steps, without the
 first step's page faults and the start-up; each run the fastest of three) and divides each
-class's time by the elements the planner counts for it
-in those steps (the trainer's JSON, "predicted_elements"): a cost is the time of that many FLOPs
+class's time by the elements the planner counts for it in those steps (the trainer's JSON, "predicted_elements"): a cost is the time of that many FLOPs
 at one core's peak (seconds x peak FLOP/s per element), as plan::ElementCosts reads it. The
 attention kernels' time against the planner's attention FLOPs ("predicted_attention_flops") gives
 the fraction of the peak they reach at that head dimension (512 tokens), the factor of other
@@ -27,6 +26,8 @@ import os
 import subprocess
 import sys
 import tempfile
+
+from train_runs import run_copies
 
 CLASSES = ["norm_forward", "norm_backward", "gelu_forward", "gelu_backward", "rows", "loss", "optimizer"]
 STEP_PHASES = ["forward", "backward", "optimizer"]
@@ -75,30 +76,18 @@ def element_class(name, phase):
     return "rows"  # residual and bias adds, bias gradients, embeddings, fills
 
 
-def timed_run(build, precision, steps, env, heads=ELEMENT_HEADS, context=512, batch=4, embed=128, options=(), ranks=1):
+def timed_run(build, precision, steps, heads=ELEMENT_HEADS, context=512, batch=4, embed=128, options=(), ranks=1):
     """(seconds by class and "attention" on a rank, averaged over ranks; the trainer's JSON) of one
     run: cores // ranks copies of it at once, so that every core computes as in a training job
     (one rank alone, the other core idle, ran its element-wise kernels 1.2-1.5x faster on a 2-core
     virtual machine); the seconds are averaged over every copy's ranks."""
     with tempfile.TemporaryDirectory() as tmp:
-        run_env = dict(env, OMP_NUM_THREADS="1", OMP_PROC_BIND="false", OMPI_ALLOW_RUN_AS_ROOT="1",
-                       OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-                       KOKKOS_PROFILE_LIBRARY=os.path.join(build, "perf_tests/liblongattn_kernel_times.so"),
-                       LONGATTN_KERNEL_TIMES=os.path.join(tmp, "times-%p.json"))
-        summaries = [os.path.join(tmp, f"summary-{c}.json") for c in range(max(1, (os.cpu_count() or 1) // ranks))]
-        running = []
-        for summary in summaries:
-            command = [os.path.join(build, "apps/train/longattn-train"), "--quiet", "--eval-every", "0", "--peak-gflops",
-                       "1", "--steps", str(steps), "--precision", precision, "--json", summary] + \
-                      model(heads, context, batch, embed) + list(options)
-            if ranks > 1:
-                command = ["mpiexec", "-n", str(ranks), "--oversubscribe", "--bind-to", "none", "-x", "OMP_NUM_THREADS",
-                           "-x", "OMP_PROC_BIND", "-x", "KOKKOS_PROFILE_LIBRARY", "-x", "LONGATTN_KERNEL_TIMES"] + command
-            running.append((command, subprocess.Popen(command, stdout=subprocess.DEVNULL, env=run_env)))
-        for command, process in running:
-            if process.wait() != 0:
-                raise subprocess.CalledProcessError(process.returncode, command)
-        summary = summaries[0]
+        tools = {"KOKKOS_PROFILE_LIBRARY": os.path.join(build, "perf_tests/liblongattn_kernel_times.so"),
+                 "LONGATTN_KERNEL_TIMES": os.path.join(tmp, "times-%p.json")}
+        trainer = run_copies(os.path.join(build, "apps/train/longattn-train"), ranks,
+                             ["--steps", str(steps), "--precision", precision] + model(heads, context, batch, embed) +
+                             list(options), "element_costs.py", threads=1,
+                             copies=max(1, (os.cpu_count() or 1) // ranks), extra_env=tools)[0]
         seconds = dict.fromkeys(CLASSES + ["attention"], 0.0)
         files = [f for f in os.listdir(tmp) if f.startswith("times-")]
         for file in files:
@@ -109,12 +98,10 @@ def timed_run(build, precision, steps, env, heads=ELEMENT_HEADS, context=512, ba
                     cls = element_class(name, phase)
                     if cls:
                         seconds[cls] += t["seconds"] / len(files)
-        with open(summary) as f:
-            trainer = json.load(f)
     return seconds, trainer
 
 
-def per_step(build, precision, env, **run):
+def per_step(build, precision, **run):
     """Seconds by class and "attention" in one step (the two runs' difference), and the trainer's JSON.
     Each run is repeated REPEATS times, alternating, and each class takes its fastest: on a shared
     virtual machine a whole run slows by up to 40% for seconds at a time (a neighbour's cache and
@@ -122,7 +109,7 @@ def per_step(build, precision, env, **run):
     fastest = {}
     for _ in range(REPEATS):
         for steps in STEPS:
-            seconds, trainer = timed_run(build, precision, steps, env, **run)
+            seconds, trainer = timed_run(build, precision, steps, **run)
             fastest[steps] = {cls: min(t, fastest[steps][cls]) for cls, t in seconds.items()} if steps in fastest else seconds
     short, long = fastest[STEPS[0]], fastest[STEPS[1]]
     return {cls: max(0.0, long[cls] - short[cls]) / (STEPS[1] - STEPS[0]) for cls in long}, trainer
@@ -138,14 +125,13 @@ KINDS = {"dilated": {"options": ["--attention", DILATED]},
          "dilated_ring": {"options": ["--attention", DILATED, "--cp", "2"], "ranks": 2}}
 
 
-def measure_trainer_kernels(build, core_peak_gflops, env=None):
+def measure_trainer_kernels(build, core_peak_gflops):
     """The element costs {"fp32": {class: cost}, "bf16": ..., "fp16": ...}, dense attention by head
     dimension {"fp32": [[head dim, efficiency], ...], ...} and by length against 512 tokens
     {"fp32": [[tokens, factor], ...], ...}, and the kinds' and the rings' factors {"fp32":
     {"dilated": f, "block_sparse": f, "ring": f, "dilated_ring": f}, ...}: dilated attention against
     dense attention over segments of its passes' length, block-sparse attention and the dense
     ring against dense attention, the dilated ring (cp 2) against dilated attention on one rank."""
-    env = dict(env or os.environ)
     peak = core_peak_gflops * 1e9
 
     def efficiency(seconds, trainer):
@@ -155,17 +141,17 @@ def measure_trainer_kernels(build, core_peak_gflops, env=None):
     for precision in ["fp32", "bf16", "fp16"]:
         by_head_dim[precision] = []
         for embed, heads in HEAD_DIMS:
-            seconds, trainer = per_step(build, precision, env, heads=heads, embed=embed)
+            seconds, trainer = per_step(build, precision, heads=heads, embed=embed)
             by_head_dim[precision].append([embed // heads, round(efficiency(seconds, trainer), 4)])
             if (embed, heads) == (128, ELEMENT_HEADS):
                 dense = efficiency(seconds, trainer)
                 elements = trainer["predicted_elements"]
                 costs[precision] = {cls: round(seconds[cls] / elements[cls] * peak, 3) if elements[cls] > 0 else 0.0
                                     for cls in CLASSES}
-        length = {tokens: efficiency(*per_step(build, precision, env, **length_run(tokens))) / dense
+        length = {tokens: efficiency(*per_step(build, precision, **length_run(tokens))) / dense
                   for tokens in LENGTHS}
         by_length[precision] = [[tokens, round(f, 4)] for tokens, f in length.items()]
-        kind = {name: efficiency(*per_step(build, precision, env, **run)) for name, run in KINDS.items()}
+        kind = {name: efficiency(*per_step(build, precision, **run)) for name, run in KINDS.items()}
         factors[precision] = {name: round(f, 4) for name, f in [
             ("dilated", kind["dilated"] / (dense * length[DILATED_SEGMENT])),
             ("block_sparse", kind["block_sparse"] / dense), ("ring", kind["ring"] / dense),

@@ -40,7 +40,7 @@ import random
 import statistics
 import sys
 
-from train_runs import run_training
+from train_runs import run_copies, run_training
 
 CATEGORIES = ["parameters", "gradients", "optimizer states", "communication buffers", "activations",
               "workspaces", "transient copies"]
@@ -180,11 +180,10 @@ def main():
             # A compared case runs as cores // ranks copies at once (every core computing, as the
             # calibration measured), --repeats times; a run's figures are its copies' means.
             copies = max(1, cores // ranks)
-            runs = [[j]] if copies == 1 or ranks > cores else []
+            runs = [[j]] if copies == 1 else []
             while len(runs) < (options.repeats if ranks <= cores else 1):
-                copy_runs = run_training(options.program, ranks, ["--steps", "5"] + args + timed, "plan_check.py",
-                                         threads=1, peak_gflops=None, copies=copies)
-                runs.append(copy_runs if copies > 1 else [copy_runs])
+                runs.append(run_copies(options.program, ranks, ["--steps", "5"] + args + timed, "plan_check.py",
+                                       threads=1, peak_gflops=None, copies=copies))
             measured = [statistics.mean(steady_compute(c) for c in run) for run in runs]
             fastest = min(range(len(runs)), key=lambda r: measured[r])
             m_time = measured[fastest]
@@ -193,7 +192,7 @@ def main():
             if ranks <= cores:
                 times.append(m_time / p_time)
             runs_text = f" (fastest of {', '.join(f'{m:.3f}' for m in measured)})" if len(runs) > 1 else ""
-            copies_text = f"; {copies} copies at once" if copies > 1 and ranks <= cores else ""
+            copies_text = f"; {copies} copies at once" if copies > 1 else ""
             print(f"          compute {m_time:.3f} s measured{runs_text} / {p_time:.3f} s predicted ({parts}) = "
                   f"{m_time / p_time:.2f} (communication {100 * j['summary']['steady_communication_share']:.0f}% "
                   f"of the step{copies_text})" + ("" if ranks <= cores else f"; not compared: {ranks} ranks share {cores} cores"),

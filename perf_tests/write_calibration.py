@@ -7,8 +7,8 @@ as this machine runs it and float16, each with its operand copies as the gemm ca
 longattn_bench_ceilings' BM_GemmGrid), from which the
 planner takes each of a model's products at the measured shape nearest to its own. The table is
 measured on one core (a copy on each core at once, so that every core computes as in a training
-job; the fastest of three repetitions of a shape), as a fraction of one core's peak: what each of longattn-train's ranks of
-one thread reaches (with several threads per process, Kokkos' spinning OpenMP threads and
+job; the fastest of three repetitions of a shape), as a fraction of one core's peak: what each
+of longattn-train's ranks of one thread reaches (with several threads per process, Kokkos' spinning OpenMP threads and
 OpenBLAS' own share the cores, and the small 16-bit products measured 10-50x slower).
 
     perf_tests/write_calibration.py BUILD_DIR OUT.json
@@ -105,7 +105,7 @@ def main():
         shapes[["fp32", "16bit", "fp16"][precision]].append([m, n, k, round(fraction, 4)])
     efficiency["matmul_shapes"] = shapes
     (efficiency["element_costs"], efficiency["attention_by_head_dim"], efficiency["attention_by_length"],
-     efficiency["attention_factors"]) = measure_trainer_kernels(build, core_peak, env)
+     efficiency["attention_factors"]) = measure_trainer_kernels(build, core_peak)
     efficiency["fp32_fma_peak_gflops"] = peak  # what the fractions divide by (plan_check.py reads it)
     efficiency["fp32_fma_peak_one_core_gflops"] = core_peak
     efficiency["cores"] = ceilings["cores"]
