@@ -152,7 +152,7 @@ BENCHMARK_TEMPLATE(BM_Gemm, Host)
     ->UseRealTime()->Unit(benchmark::kMillisecond);
 
 BENCHMARK(BM_GemmGrid)
-    ->ArgsProduct({{256, 1024, 4096, 16384}, {64, 256, 1024}, {64, 256, 1024}, {0, 1, 2}})
+    ->ArgsProduct({{128, 256, 1024, 4096, 16384}, {64, 256, 1024}, {64, 256, 1024}, {0, 1, 2}})
     ->UseRealTime()->Unit(benchmark::kMillisecond);
 
 int main(int argc, char* argv[]) {

@@ -29,17 +29,18 @@ import tempfile
 
 from train_runs import run_copies
 
-CLASSES = ["norm_forward", "norm_backward", "gelu_forward", "gelu_backward", "rows", "loss", "optimizer"]
+CLASSES = ["norm_forward", "norm_backward", "gelu_forward", "gelu_backward", "rows", "rotary", "loss", "optimizer"]
 STEP_PHASES = ["forward", "backward", "optimizer"]
 
 
-# The calibration models: 2 layers, 512 tokens, 4 sequences; a second or two a run. Dense
+# The calibration models: 2 layers, 512 tokens, 4 sequences, rotary positions (their angles are
+# an element class); a second or two a run. Dense
 # attention at head dimensions 8-256 (E 128 with 16-1 heads, E 192 with 8-1, E 256 with one: the
 # kernels' rate is not smooth in D, 48 runs slower than 32 or 64). The element costs come from
 # E 128 with 2 heads.
 def model(heads, context=512, batch=4, embed=128):
     return ["--layers", "2", "--embed", str(embed), "--heads", str(heads), "--context", str(context), "--batch",
-            str(batch), "--task", "long_range"]
+            str(batch), "--positions", "rotary", "--task", "long_range"]
 
 
 HEAD_DIMS = [(128, 16), (128, 8), (192, 8), (128, 4), (192, 4), (128, 2), (192, 2), (128, 1), (192, 1), (256, 1)]
@@ -70,10 +71,11 @@ def element_class(name, phase):
         return "attention"
     for prefix, cls in [("longattn::layer_norm_forward", "norm_forward"), ("longattn::layer_norm_backward", "norm_backward"),
                         ("longattn::train::gelu_forward", "gelu_forward"),
-                        ("longattn::train::gelu_backward", "gelu_backward"), ("longattn::train::cross_entropy", "loss")]:
+                        ("longattn::train::gelu_backward", "gelu_backward"), ("longattn::train::cross_entropy", "loss"),
+                        ("longattn::rotary_embedding", "rotary")]:
         if name.startswith(prefix):
             return cls
-    return "rows"  # residual and bias adds, bias gradients, embeddings, fills
+    return "rows"  # residual and bias adds, bias gradients, embeddings, fills, sequence parallelism's reorders
 
 
 def timed_run(build, precision, steps, heads=ELEMENT_HEADS, context=512, batch=4, embed=128, options=(), ranks=1):

@@ -11,7 +11,7 @@ def run_copies(program, ranks, args, script, threads=None, peak_gflops=1, copies
     core computes, as in a training job that fills its nodes), each on `ranks` MPI ranks of
     `threads` OpenMP threads (default: the cores shared among them) with `args`, quiet, no
     validation, the FMA peak of all ranks' cores given (1 unless the caller knows it; None: the
-    trainer measures it, 0.3 s), `extra_env` set for every rank; returns their JSON summaries. A
+    trainer measures it: the fastest of three 0.1 s windows), `extra_env` set for every rank; returns their JSON summaries. A
     failed run ends `script` with the command and its output."""
     extra_env = extra_env or {}
     with tempfile.TemporaryDirectory() as tmp:

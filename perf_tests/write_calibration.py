@@ -2,7 +2,7 @@
 """Writes the kernel efficiencies longattn-plan reads with --calibration: the fraction of the
 machine's measured peak that the matmul (sgemm through Kokkos Kernels) and the fused attention
 kernels (dense, dilated, block-sparse; forward + backward) reach on this machine, and a table of
-matrix-product efficiencies by shape (m in 256-16384 rows, n and k in 64-1024; float, bfloat16
+matrix-product efficiencies by shape (m in 128-16384 rows, n and k in 64-1024; float, bfloat16
 as this machine runs it and float16, each with its operand copies as the gemm call makes them:
 longattn_bench_ceilings' BM_GemmGrid), from which the
 planner takes each of a model's products at the measured shape nearest to its own. The table is

@@ -339,12 +339,13 @@ TEST_CASE("calibration files: read, and refused when a value is missing or not a
   CHECK_THROWS_WITH(read_calibration(path), Contains("an array at \"matmul_shapes.16bit\""));
   // Element-wise costs, per precision; a precision left out is not timed.
   const std::string classes = R"("norm_forward": 10, "norm_backward": 20, "gelu_forward": 30, "gelu_backward": 40,
-                                 "rows": 5, "loss": 6)";
+                                 "rows": 5, "rotary": 8, "loss": 6)";
   std::ofstream(path) << "{" << attention << R"(, "element_costs": {"bf16": {)" << classes << R"(, "optimizer": 7}}})";
   const Efficiency costed = read_calibration(path);
   REQUIRE(costed.element_costs[int(Precision::bf16)]);
   CHECK((*costed.element_costs[int(Precision::bf16)])[int(ElementClass::gelu_backward)] == 40);
   CHECK((*costed.element_costs[int(Precision::bf16)])[int(ElementClass::optimizer)] == 7);
+  CHECK((*costed.element_costs[int(Precision::bf16)])[int(ElementClass::rotary)] == 8);
   CHECK_FALSE(costed.element_costs[int(Precision::fp32)]);
   std::ofstream(path) << "{" << attention << R"(, "element_costs": {"fp16": {)" << classes << "}}}";
   CHECK_THROWS_WITH(read_calibration(path), Contains("a number at \"element_costs.fp16.optimizer\""));
@@ -411,9 +412,12 @@ TEST_CASE("element-wise kernels: the elements of each class, worked by hand, at 
   // Bias adds on Q, K, V, the projection and the MLP, forward and backward; the MLP's residual
   // add forward (the others are in the norms' kernels); the embeddings.
   CHECK(count(e, ElementClass::rows) == 2 * R * (3 * h + 2 * h + f) + R * h + 2 * R * h);
-  // Rotary positions turn Q and K forward and back, as row kernels; and have no parameters.
+  // Rotary positions turn Q and K forward and back, an angle a token and pair of features
+  // (D = 32) for every head; and have no parameters.
+  CHECK(count(e, ElementClass::rotary) == 0);
   plan.model.positions = Positions::rotary;
-  CHECK(count(estimate(plan), ElementClass::rows) == 2 * R * (3 * h + 2 * h + f + 2 * h) + R * h + 2 * R * h);
+  CHECK(count(estimate(plan), ElementClass::rotary) == 2 * R * 32 / 2);
+  CHECK(count(estimate(plan), ElementClass::rows) == count(e, ElementClass::rows));
   CHECK(e.parameters - estimate(plan).parameters == 128 * h);
   plan.model.positions = Positions::learned;
   // ZeRO 2 over two data-parallel GPUs (each its own sequence) copies every gradient into the
@@ -423,6 +427,17 @@ TEST_CASE("element-wise kernels: the elements of each class, worked by hand, at 
   const Estimate zero2 = estimate(plan);
   CHECK(count(zero2, ElementClass::rows) == (2 * (R / 2) * (3 * h + 2 * h + f) + (R / 2) * h + 2 * (R / 2) * h) +
                                                 zero2.parameters_per_gpu);
+  // Tensor parallelism over two GPUs: the blocks' matrices split; with sequence parallelism
+  // also the norms' and residuals' rows, and every layer reorders the 10 s b h it gathers or
+  // reduce-scatters (4 forward, 6 backward).
+  plan.cluster.gpus = 2;
+  plan.layout = {2, 1, 1, 1, 0, 2};
+  plan.layout.vocab_parallel = false;
+  const double split_bias_rows = 2 * R * (3 * h / 2 + 2 * h + f / 2);
+  plan.layout.sequence_parallel = false;
+  CHECK(count(estimate(plan), ElementClass::rows) == split_bias_rows + R * h + 2 * R * h);
+  plan.layout.sequence_parallel = true;
+  CHECK(count(estimate(plan), ElementClass::rows) == split_bias_rows + R / 2 * h + 10 * R * h + 2 * (R / 2) * h);
   plan.cluster.gpus = 1;
   plan.layout = {1, 1, 1, 1, 0, 2};
   CHECK(count(e, ElementClass::loss) == R * V);
@@ -488,10 +503,27 @@ TEST_CASE("element-wise kernels: the elements of each class, worked by hand, at 
   plan.model.attention = "dense";
   plan.efficiency.attention_by_head_dim[int(Precision::fp32)].clear();
   plan.efficiency.attention_factors[int(Precision::fp32)].reset();
-  // Full recomputation runs the layer's forward again; selective the sub-LayerNorm only.
+  // Full recomputation runs every layer's forward again but the last (backward keeps its
+  // activations): nothing more in one layer, two of three layers again in three; with pipeline
+  // stages every layer. Selective recomputation the sub-LayerNorm only.
   plan.training.recompute = Recompute::full;
-  CHECK(count(estimate(plan), ElementClass::norm_forward) == 2 * 3 * R * h + R * h);
-  CHECK(count(estimate(plan), ElementClass::gelu_forward) == 2 * R * f);
+  CHECK(count(estimate(plan), ElementClass::norm_forward) == 3 * R * h + R * h);
+  CHECK(count(estimate(plan), ElementClass::gelu_forward) == R * f);
+  plan.model.layers = 3;
+  CHECK(count(estimate(plan), ElementClass::norm_forward) == (3 + 2) * 3 * R * h + R * h);
+  CHECK(count(estimate(plan), ElementClass::gelu_forward) == (3 + 2) * R * f);
+  CHECK(count(estimate(plan), ElementClass::rows) == R * (3 * 2 + 2) * (3 * h + 2 * h + f) + R * h * (3 + 2) + 2 * R * h);
+  const double recomputing_products = term(estimate(plan).time, "compute").value;
+  plan.training.recompute = Recompute::none;
+  const double products = term(estimate(plan).time, "compute").value;
+  plan.training.recompute = Recompute::full;
+  plan.cluster.gpus = 3;
+  plan.layout.pipeline = 3;
+  CHECK(count(estimate(plan), ElementClass::gelu_forward) == 2 * R * f);  // a stage's one layer, twice
+  plan.cluster.gpus = 1;
+  plan.layout.pipeline = 1;
+  plan.model.layers = 1;
+  CHECK(recomputing_products > products);
   plan.training.recompute = Recompute::selective;
   CHECK(count(estimate(plan), ElementClass::norm_forward) == 4 * R * h + R * h);
   // ZeRO 1 over 2 data-parallel ranks: each steps half the parameters.

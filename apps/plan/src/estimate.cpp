@@ -156,6 +156,11 @@ Estimate estimate(const Plan& plan, const AttentionWork& work) {
   const double element = parameter_bytes(training.precision);  // activations, parameters, gradients
   const double peak = training.precision == Precision::fp32 ? cluster.gpu.peak_flops_tf32 : cluster.gpu.peak_flops_16bit;
   const bool full = training.recompute == Recompute::full;
+  // Full recomputation runs every layer's forward again in backward but the model's last, whose
+  // activations backward takes first and keeps (longattn-train); with pipeline stages a stage's
+  // backward does not follow its forward, and every layer is recomputed. `recomputed` is the
+  // fraction of a stage's layers run twice.
+  const double recomputed = !full ? 0 : p == 1 ? (L - 1) / L : 1;
   const bool dilated = work.kind == AttentionWork::Kind::dilated;
 
   Estimate e;
@@ -336,11 +341,11 @@ Estimate estimate(const Plan& plan, const AttentionWork& work) {
   // ---- FLOPs: model (forward + backward = 3 forward) and hardware (what the GPUs execute) ----
   // Per token: dense part 6 Psi; attention 3 x layers x 4 D x scores / s. The fused backward
   // recomputes the scores (10 D per score against the forward's 4 D); full recomputation adds a
-  // forward of every layer (2 Psi_layers + 4 D scores / s per layer).
+  // forward of the recomputed layers (2 Psi_layers + 4 D scores / s per layer).
   const double attention_forward = L * attention_flops_per_score(D) * work.scores / s;  // per token
   const double dense_model = 6 * e.parameters, attention_model = 3 * attention_forward;
-  const double dense_hw = dense_model + (full ? 2 * L * per_layer : 0);
-  const double attention_hw = attention_forward * (1 + 2.5 + (full ? 1 : 0));
+  const double dense_hw = dense_model + 2 * recomputed * L * per_layer;
+  const double attention_hw = attention_forward * (1 + 2.5 + recomputed);
   const double tokens_per_step = double(training.global_batch_tokens);
   e.model_flops_per_step = (dense_model + attention_model) * tokens_per_step;
   e.hardware_flops_per_step = (dense_hw + attention_hw) * tokens_per_step;
@@ -380,38 +385,49 @@ Estimate estimate(const Plan& plan, const AttentionWork& work) {
                                                ring_factor / inverse_length_factor);
   // The matrix products of one micro-batch on a rank of a stage, each at the efficiency of its
   // shape: a linear layer's forward (rows x O x I), dW (O x I x rows) and dx (rows x I x O), the
-  // forward again under full recomputation. Tensor-parallel layers see all rows (gathered under
+  // forward again for the layers full recomputation runs twice. Tensor-parallel layers see all rows (gathered under
   // sequence parallelism); the head the replicated ones, or all of them split over V, its time
   // spread over the stages as the FLOP counts [Narayanan21] spread it.
   const Efficiency& efficiency = plan.efficiency;
   const bool sixteen_bit = training.precision != Precision::fp32;
   double products_seconds = 0;
-  const auto linear = [&](double R, double I, double O, double count, bool recomputed) {
+  const auto linear = [&](double R, double I, double O, double count, double recomputed_share) {
     const auto seconds = [&](double m, double n, double k) {
       return 2 * m * n * k / (peak * efficiency.matmul_at(m, n, k, training.precision));
     };
-    products_seconds += count * (seconds(R, O, I) * (recomputed ? 2 : 1) + seconds(O, I, R) + seconds(R, I, O));
+    products_seconds += count * (seconds(R, O, I) * (1 + recomputed_share) + seconds(O, I, R) + seconds(R, I, O));
   };
   for (const auto& [I, O] : {std::pair<double, double>{h, 3 * h / t}, {h / t, h}, {h, f / t}, {f / t, h}})
-    linear(rows, I, O, L / p, full);
-  linear(layout.vocab_parallel ? rows : head_rows, h, V / vocab_split, 1 / p, false);
+    linear(rows, I, O, L / p, recomputed);
+  linear(layout.vocab_parallel ? rows : head_rows, h, V / vocab_split, 1 / p, 0);
   e.products_seconds = micro_batches * products_seconds;
   e.attention_seconds = tokens_per_step * attention_hw / (gpus * peak * e_attention);
   const double compute = e.products_seconds + e.attention_seconds;
 
+  // Tensor parallelism's collectives on s b h a layer, as longattn-train runs them: with sequence
+  // parallelism 4 forward (the attention's and the MLP's input gathered, their outputs reduce-
+  // scattered), 6 backward (their inputs gathered again, dy gathered, dx reduce-scattered) and
+  // 3 in a recomputed forward; without, an all-reduce of each sublayer's output forward and of
+  // its input's gradient backward (4 all-gathers / reduce-scatters each way), again when
+  // recomputing.
+  const double tensor_operations_per_layer = sp ? 10 + 3 * recomputed : 8 + 4 * recomputed;
+
   // The element-wise kernels of one micro-batch (ElementClass), by the elements they process: the
   // layers' norms (LN1, LN2 on replicated rows of h; the sub-LayerNorm on h / t) and GELU (f / t),
-  // forward again under full recomputation and the sub-LayerNorm under selective; the row kernels
-  // (bias adds and their gradients on every linear layer's output) forward and backward, with
-  // rotary positions the turns of Q and K (priced as row kernels), and forward the MLP's residual
-  // add (the attention's residual adds into LN2 forward, both backward into the norms' dx), and
-  // under ZeRO 2 the gradients' copies into the reduce-scatter's buckets; the final norm, the
-  // embeddings and the loss (the head's rows, V / vocab split).
+  // forward again for the layers full recomputation runs twice and the sub-LayerNorm under selective; the row kernels
+  // (bias adds and their gradients on every linear layer's output) forward and backward, forward
+  // the MLP's residual add (the attention's residual adds into LN2 forward, both backward into
+  // the norms' dx), under sequence parallelism the reorder of every gathered or scattered s b h
+  // (tensor_operations_per_layer), and under ZeRO 2 the gradients' copies into the reduce-
+  // scatter's buckets; with rotary positions the angles of Q's and K's turns (one a token and
+  // pair of features, each turning the pair in every head of Q and K: forward, backward and in
+  // recomputed layers); the final norm, the embeddings and the loss (the head's rows, V / vocab
+  // split).
   const double Rr = shape.replicated, sub = model.sub_layer_norm ? 1 : 0;
-  const double forward_passes = full ? 2 : 1, layers_here = L / p;
+  const double forward_passes = 1 + recomputed, layers_here = L / p;
   const double norms = 2 * Rr * h + sub * rows * h / t;
-  const double rotary = model.positions == Positions::rotary ? 2 * h / t : 0;
-  const double bias_elements = rows * (3 * h / t + 2 * h + f / t + rotary), residual_elements = Rr * h;
+  const double bias_elements = rows * (3 * h / t + 2 * h + f / t), residual_elements = Rr * h;
+  const double reordered = sp && t > 1 ? tensor_operations_per_layer * rows * h : 0;
   const bool zero_sharded = layout.zero_stage >= 1 && n_dp > 1;  // each rank steps its 1/(dp x cp) of Psi_gpu
   std::array<double, element_class_count> elements{};
   elements[int(ElementClass::norm_forward)] =
@@ -424,8 +440,11 @@ Estimate estimate(const Plan& plan, const AttentionWork& work) {
   // ZeRO 2 copies every gradient into its bucket's blocks after each micro-batch's backward pass.
   const double zero2_pack = layout.zero_stage == 2 && n_dp > 1 ? e.parameters_per_gpu : 0;
   elements[int(ElementClass::rows)] =
-      micro_batches * (layers_here * (bias_elements * (forward_passes + 1) + residual_elements * forward_passes) +
-                       2 * Rr * h / p + zero2_pack);
+      micro_batches *
+      (layers_here * (bias_elements * (forward_passes + 1) + residual_elements * forward_passes + reordered) +
+       2 * Rr * h / p + zero2_pack);
+  elements[int(ElementClass::rotary)] =
+      model.positions == Positions::rotary ? micro_batches * layers_here * (forward_passes + 1) * rows * D / 2 : 0;
   elements[int(ElementClass::loss)] = micro_batches * head_rows * V / vocab_split / p;
   elements[int(ElementClass::optimizer)] = e.parameters_per_gpu / (zero_sharded ? n_dp : 1);
   const std::optional<ElementCosts>& costs = efficiency.element_costs[std::size_t(training.precision)];
@@ -455,16 +474,15 @@ Estimate estimate(const Plan& plan, const AttentionWork& work) {
   e.time.push_back({"pipeline bubble", pipeline_bubble_fraction(p, micro_batches) * compute,
                     "(pp - 1) / micro-batches x compute, micro-batches = " + number(micro_batches) + "  [Narayanan21]"});
 
-  // Tensor parallel with sequence parallelism: per layer 4 all-gathers / reduce-scatters of
-  // s b h forward and 4 backward (4 more when recomputing), not overlapped.
+  // Tensor parallel: all-gathers / reduce-scatters of s b h (an all-reduce counts two), not
+  // overlapped (tensor_operations_per_layer).
   double tensor_time = 0;
   if (t > 1) {
-    const double operations = full ? 12 : 8;
-    tensor_time = micro_batches * L / p * operations *
+    tensor_time = micro_batches * L / p * tensor_operations_per_layer *
                   all_gather_seconds(b * s_local * h * element, t, link_bandwidth(cluster, 1, layout.tensor));
   }
   e.time.push_back({"tensor-parallel communication", tensor_time,
-                    "micro-batches x layers/pp x " + std::string(full ? "12" : "8") +
+                    "micro-batches x layers/pp x " + number(tensor_operations_per_layer) +
                         " all-gathers/reduce-scatters of s b h (exposed)"});
 
   // Context parallel. Ring: each step's K/V piece overlaps the attention of the previous one,
@@ -483,7 +501,7 @@ Estimate estimate(const Plan& plan, const AttentionWork& work) {
       const double compute_step = attention_layer_mb / (steps + 1);
       const double forward = steps * std::max(0.0, piece / bandwidth - compute_step);
       const double backward = steps * std::max(0.0, (piece + 2 * b * s_local * (h / t) * 4) / bandwidth - 2.5 * compute_step);
-      per_layer_mb = forward * (full ? 2 : 1) + backward;
+      per_layer_mb = forward * (1 + recomputed) + backward;
       context_formula = "ring: " + number(steps) + " steps per layer, K/V transfer beyond the attention it overlaps";
     } else {
       for (const auto& level : work.dilated_levels) {
@@ -493,7 +511,7 @@ Estimate estimate(const Plan& plan, const AttentionWork& work) {
         const double contribution = 2 * b * s_local / level.rate * (level.heads / t) * D;
         const double gather = all_gather_seconds(group * contribution * element, group, bandwidth);
         const double scatter = reduce_scatter_seconds(group * contribution * 4, group, bandwidth);
-        per_layer_mb += gather * (full ? 2 : 1) + gather + scatter;
+        per_layer_mb += gather * (1 + recomputed) + gather + scatter;
       }
       context_formula = "dilated: all-gather of dilated K/V for segments longer than a shard (exposed)";
     }

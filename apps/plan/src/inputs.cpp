@@ -282,7 +282,7 @@ double Efficiency::attention_length_factor(double tokens, Precision precision) c
 
 const char* to_string(ElementClass value) {
   static constexpr const char* names[element_class_count] = {"norm_forward", "norm_backward", "gelu_forward",
-                                                             "gelu_backward", "rows", "loss", "optimizer"};
+                                                             "gelu_backward", "rows", "rotary", "loss", "optimizer"};
   return names[int(value)];
 }
 const char* to_string(Positions value) { return value == Positions::rotary ? "rotary" : "learned"; }

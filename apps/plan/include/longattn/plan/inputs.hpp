@@ -102,11 +102,13 @@ struct Layout {
 
 // Kernels that are neither matrix products nor attention, by the elements each class processes
 // in a step (estimate.cpp counts them): LayerNorm forward and backward, GELU forward and backward,
-// the row kernels (residual and bias adds, bias gradients, embeddings, fills), the loss (softmax
-// and cross-entropy over the vocabulary) and the optimizer (per parameter: AdamW, the gradient
-// norm, 16-bit copies of the weights). A 16-bit product's operand copies are the product's.
-enum class ElementClass { norm_forward, norm_backward, gelu_forward, gelu_backward, rows, loss, optimizer };
-constexpr int element_class_count = 7;
+// the row kernels (residual and bias adds, bias gradients, embeddings, fills, sequence
+// parallelism's reorders), rotary positions (per angle: a token and pair of features, turning
+// that pair in every head of Q and K), the loss (softmax and cross-entropy over the vocabulary)
+// and the optimizer (per parameter: AdamW, the gradient norm, 16-bit copies of the weights). A
+// 16-bit product's operand copies are the product's.
+enum class ElementClass { norm_forward, norm_backward, gelu_forward, gelu_backward, rows, rotary, loss, optimizer };
+constexpr int element_class_count = 8;
 const char* to_string(ElementClass value);
 // A class's cost per element as the time of that many FLOPs at the peak (seconds = elements x
 // cost / peak), so that ranks sharing a core take proportionally longer.
