@@ -104,17 +104,19 @@ def timed_run(build, precision, steps, heads=ELEMENT_HEADS, context=512, batch=4
 
 
 def per_step(build, precision, **run):
-    """Seconds by class and "attention" in one step (the two runs' difference), and the trainer's JSON.
+    """Seconds by class and "attention" in one step (the two runs' difference), and the trainer's JSON
+    with "element_rate" the highest of the runs' element probes (elements per second).
     Each run is repeated REPEATS times, alternating, and each class takes its fastest: on a shared
     virtual machine a whole run slows by up to 40% for seconds at a time (a neighbour's cache and
     memory traffic; the FMA probe does not see it), which the fastest of three mostly escapes."""
-    fastest = {}
+    fastest, rate = {}, 0.0
     for _ in range(REPEATS):
         for steps in STEPS:
             seconds, trainer = timed_run(build, precision, steps, **run)
+            rate = max(rate, trainer["element_rate"])
             fastest[steps] = {cls: min(t, fastest[steps][cls]) for cls, t in seconds.items()} if steps in fastest else seconds
     short, long = fastest[STEPS[0]], fastest[STEPS[1]]
-    return {cls: max(0.0, long[cls] - short[cls]) / (STEPS[1] - STEPS[0]) for cls in long}, trainer
+    return {cls: max(0.0, long[cls] - short[cls]) / (STEPS[1] - STEPS[0]) for cls in long}, dict(trainer, element_rate=rate)
 
 
 # The other kinds and the rings at head dimension 64 (E 128, 2 heads). Every pass of the dilated
@@ -128,7 +130,8 @@ KINDS = {"dilated": {"options": ["--attention", DILATED]},
 
 
 def measure_trainer_kernels(build, core_peak_gflops):
-    """The element costs {"fp32": {class: cost}, "bf16": ..., "fp16": ...}, dense attention by head
+    """The element costs {"fp32": {class: cost}, "bf16": ..., "fp16": ...}, the element probe's rate in
+    the runs that timed them {"fp32": elements per second, ...}, dense attention by head
     dimension {"fp32": [[head dim, efficiency], ...], ...} and by length against 512 tokens
     {"fp32": [[tokens, factor], ...], ...}, and the kinds' and the rings' factors {"fp32":
     {"dilated": f, "block_sparse": f, "ring": f, "dilated_ring": f}, ...}: dilated attention against
@@ -139,7 +142,7 @@ def measure_trainer_kernels(build, core_peak_gflops):
     def efficiency(seconds, trainer):
         return trainer["predicted_attention_flops"] / (seconds["attention"] * peak)
 
-    costs, by_head_dim, by_length, factors = {}, {}, {}, {}
+    costs, rates, by_head_dim, by_length, factors = {}, {}, {}, {}, {}
     for precision in ["fp32", "bf16", "fp16"]:
         by_head_dim[precision] = []
         for embed, heads in HEAD_DIMS:
@@ -150,6 +153,7 @@ def measure_trainer_kernels(build, core_peak_gflops):
                 elements = trainer["predicted_elements"]
                 costs[precision] = {cls: round(seconds[cls] / elements[cls] * peak, 3) if elements[cls] > 0 else 0.0
                                     for cls in CLASSES}
+                rates[precision] = round(trainer["element_rate"])
         length = {tokens: efficiency(*per_step(build, precision, **length_run(tokens))) / dense
                   for tokens in LENGTHS}
         by_length[precision] = [[tokens, round(f, 4)] for tokens, f in length.items()]
@@ -158,7 +162,7 @@ def measure_trainer_kernels(build, core_peak_gflops):
             ("dilated", kind["dilated"] / (dense * length[DILATED_SEGMENT])),
             ("block_sparse", kind["block_sparse"] / dense), ("ring", kind["ring"] / dense),
             ("dilated_ring", kind["dilated_ring"] / kind["dilated"])]}
-    return costs, by_head_dim, by_length, factors
+    return costs, rates, by_head_dim, by_length, factors
 
 
 def main():
@@ -174,8 +178,8 @@ def main():
                            stdout=subprocess.DEVNULL)
             with open(info) as f:
                 peak = json.load(f)["ceilings"]["fp32_fma_peak_one_core"]["gflops"]
-    costs, by_head_dim, by_length, factors = measure_trainer_kernels(build, peak)
-    print(json.dumps({"element_costs": costs, "attention_by_head_dim": by_head_dim, "attention_by_length": by_length,
+    costs, rates, by_head_dim, by_length, factors = measure_trainer_kernels(build, peak)
+    print(json.dumps({"element_costs": costs, "element_rates": rates, "attention_by_head_dim": by_head_dim, "attention_by_length": by_length,
                       "attention_factors": factors}, indent=2))
 
 

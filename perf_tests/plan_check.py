@@ -24,7 +24,9 @@ computes, as in a job that fills its nodes and as the calibration measured (one 
 its element-wise kernels 1.2-1.5x faster than two at once on this 2-core guest). Every
 rank runs one OpenMP thread (as the calibration
 measured) and the trainer measures the ranks' FMA peak itself as each run starts, so that the
-prediction follows a virtual machine's clock, which drifts by 10-30% over minutes. Only runs
+prediction follows a virtual machine's clock, which drifts by 10-30% over minutes, and its
+element-wise rate (a LayerNorm), by which it scales the calibration's element costs (printed
+against the calibration's own: a neighbour's cache and memory traffic moves it). Only runs
 with a core for each rank are compared: ranks sharing a core compute faster while a peer waits
 in communication, so their step less communication is no rank's compute alone (on 2 cores, 3
 and 4 ranks measured 0.45-0.75 of the prediction).
@@ -140,10 +142,11 @@ def main():
     parser.add_argument("--repeats", type=int, default=3, help="runs of each compared case, the fastest taken")
     options = parser.parse_args()
     timed = ["--calibration", options.calibration] if options.calibration else []
-    cores = 0
+    cores, element_rates = 0, {}
     if options.calibration:
         with open(options.calibration) as f:
-            cores = json.load(f)["cores"]
+            calibration = json.load(f)
+        cores, element_rates = calibration["cores"], calibration.get("element_rates", {})
     times = []
     seed = options.seed if options.seed is not None else random.SystemRandom().randrange(1 << 31)
     print(f"plan_check.py --seed {seed} --cases {options.cases}", flush=True)
@@ -193,6 +196,10 @@ def main():
                 times.append(m_time / p_time)
             runs_text = f" (fastest of {', '.join(f'{m:.3f}' for m in measured)})" if len(runs) > 1 else ""
             copies_text = f"; {copies} copies at once" if copies > 1 else ""
+            precision = dict(zip(args[::2], args[1::2]))["--precision"]
+            if precision in element_rates:  # the element costs are scaled by its inverse
+                copies_text += (f"; element probe {runs[fastest][0]['element_rate'] / element_rates[precision]:.2f} "
+                                "of the calibration's")
             print(f"          compute {m_time:.3f} s measured{runs_text} / {p_time:.3f} s predicted ({parts}) = "
                   f"{m_time / p_time:.2f} (communication {100 * j['summary']['steady_communication_share']:.0f}% "
                   f"of the step{copies_text})" + ("" if ranks <= cores else f"; not compared: {ranks} ranks share {cores} cores"),

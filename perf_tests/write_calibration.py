@@ -104,8 +104,8 @@ def main():
             sys.exit(f"write_calibration.py: {name} reached {fraction:.3f} of the measured peak; re-run on a quiet machine")
         shapes[["fp32", "16bit", "fp16"][precision]].append([m, n, k, round(fraction, 4)])
     efficiency["matmul_shapes"] = shapes
-    (efficiency["element_costs"], efficiency["attention_by_head_dim"], efficiency["attention_by_length"],
-     efficiency["attention_factors"]) = measure_trainer_kernels(build, core_peak)
+    (efficiency["element_costs"], efficiency["element_rates"], efficiency["attention_by_head_dim"],
+     efficiency["attention_by_length"], efficiency["attention_factors"]) = measure_trainer_kernels(build, core_peak)
     efficiency["fp32_fma_peak_gflops"] = peak  # what the fractions divide by (plan_check.py reads it)
     efficiency["fp32_fma_peak_one_core_gflops"] = core_peak
     efficiency["cores"] = ceilings["cores"]

@@ -346,6 +346,11 @@ TEST_CASE("calibration files: read, and refused when a value is missing or not a
   CHECK((*costed.element_costs[int(Precision::bf16)])[int(ElementClass::gelu_backward)] == 40);
   CHECK((*costed.element_costs[int(Precision::bf16)])[int(ElementClass::optimizer)] == 7);
   CHECK((*costed.element_costs[int(Precision::bf16)])[int(ElementClass::rotary)] == 8);
+  CHECK(costed.element_rates[int(Precision::bf16)] == 0);  // not recorded
+  std::ofstream(path) << "{" << attention << R"(, "element_rates": {"fp16": 2.5e9}})";
+  CHECK(read_calibration(path).element_rates[int(Precision::fp16)] == 2.5e9);
+  std::ofstream(path) << "{" << attention << R"(, "element_rates": {"fp16": -1}})";
+  CHECK_THROWS_WITH(read_calibration(path), Contains("element_rates.fp16") && Contains("elements per second > 0"));
   CHECK_FALSE(costed.element_costs[int(Precision::fp32)]);
   std::ofstream(path) << "{" << attention << R"(, "element_costs": {"fp16": {)" << classes << "}}}";
   CHECK_THROWS_WITH(read_calibration(path), Contains("a number at \"element_costs.fp16.optimizer\""));

@@ -713,7 +713,22 @@ TEST_CASE("a run carries longattn-plan's memory and compute-time prediction for 
     CHECK(split.predicted_compute_seconds == Approx(time_term(tp, "compute")).epsilon(1e-12));
     p.layout.sequence_parallel = p.layout.vocab_parallel = true;  // Megatron's: less memory
     CHECK(plan::estimate(p).memory_total < tp.memory_total);
+    c.tp = 1;
   }
+  // Element costs timed where longattn-train's element probe read 1e9 elements/s: a run whose
+  // probe reads half that takes twice as long in them; without either rate, as calibrated.
+  CHECK(r.element_rate > 0);
+  plan::ElementCosts costs;
+  costs.fill(100);
+  c.efficiency.element_costs[int(plan::Precision::bf16)] = costs;
+  const auto element_seconds = [&](double rate) {
+    return time_term(planner_estimate(c, world.size(), 100e9, rate), "element-wise kernels");
+  };
+  const double as_calibrated = element_seconds(0.5e9);
+  CHECK(as_calibrated > 0);
+  c.efficiency.element_rates[int(plan::Precision::bf16)] = 1e9;
+  CHECK(element_seconds(0.5e9) == Approx(2 * as_calibrated).epsilon(1e-12));
+  CHECK(element_seconds(0) == Approx(as_calibrated).epsilon(1e-12));
 }
 
 // --export-reference (reference_export.hpp): the groups in the model's order with their initial

@@ -205,6 +205,12 @@ Efficiency read_calibration(const std::string& path) {
     }
     e.element_costs[std::size_t(precision)] = values;
   });
+  each_precision("element_rates", [&](Precision precision, const char* key, const nlohmann::json& rate) {
+    const std::string field = std::string("element_rates.") + key;
+    require(rate.is_number() && rate.get<double>() > 0, where, "calibration " + field, rate.dump(),
+            "elements per second > 0 (longattn-train's element probe)");
+    e.element_rates[std::size_t(precision)] = rate.get<double>();
+  });
   each_precision("attention_by_head_dim", [&](Precision precision, const char* key, const nlohmann::json& rows) {
     const std::string name = std::string("attention_by_head_dim.") + key;
     require(rows.is_array(), where, "calibration", "\"" + path + "\"", "an array at \"" + name + "\"");

@@ -8,7 +8,7 @@
 
 namespace longattn::train {
 
-plan::Estimate planner_estimate(const TrainConfig& c, int ranks, double peak_flops) {
+plan::Estimate planner_estimate(const TrainConfig& c, int ranks, double peak_flops, double element_rate) {
   plan::Plan p;
   p.model.layers = c.model.layers;
   p.model.hidden = c.model.embed;
@@ -53,6 +53,11 @@ plan::Estimate planner_estimate(const TrainConfig& c, int ranks, double peak_flo
     p.cluster.gpu.peak_flops_tf32 = p.cluster.gpu.peak_flops_16bit = peak_flops / ranks;
   }
   p.efficiency = c.efficiency;
+  for (std::size_t precision = 0; precision < p.efficiency.element_costs.size(); ++precision) {
+    const double calibrated_rate = p.efficiency.element_rates[precision];
+    if (p.efficiency.element_costs[precision] && calibrated_rate > 0 && element_rate > 0)
+      for (double& cost : *p.efficiency.element_costs[precision]) cost *= calibrated_rate / element_rate;
+  }
   p.layout.tensor = c.tp;
   // The trainer's tp splits the blocks' matrices, and with --sequence-parallel the tokens
   // between them; the embeddings and head are whole (model.hpp).

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "longattn/core/ceilings.hpp"
+#include "longattn/core/layer_norm.hpp"
 #include "longattn/parallel/context_parallel_attention.hpp"
 #include "longattn/parallel/gradient_buckets.hpp"
 #include "longattn/parallel/gradient_reduce_scatter.hpp"
@@ -58,6 +59,39 @@ class PhaseScope {
   std::array<double, phase_count>& seconds_;
   Clock::time_point start_;
 };
+
+// This rank's rate for element-wise kernels (elements per second), the ranks together: LayerNorm
+// forward over 2048 x 128 floats (the calibration model's rows; in cache), the fastest of three
+// 0.1 s windows. On a shared virtual machine a neighbour's cache and memory traffic slows these
+// kernels by 1.2-1.5x for minutes while the FMA probe reads the same; the prediction scales the
+// calibration's element costs by its rate over this one (plan::Efficiency::element_rates).
+template <class Exec>
+double measure_element_rate(const Exec& exec, const parallel::Communicator& world) {
+  using Matrix = Kokkos::View<float**, Kokkos::LayoutRight, typename Exec::memory_space>;
+  using Vector = Kokkos::View<float*, typename Exec::memory_space>;
+  constexpr int rows = 2048, columns = 128;
+  const Matrix x("longattn-train: probe x", rows, columns), y("longattn-train: probe y", rows, columns);
+  const Vector gamma("longattn-train: probe gamma", columns), beta("longattn-train: probe beta", columns);
+  const Vector mean("longattn-train: probe mean", rows), rstd("longattn-train: probe rstd", rows);
+  Kokkos::parallel_for(
+      "longattn-train: probe fill", Kokkos::MDRangePolicy<Exec, Kokkos::Rank<2>>(exec, {0, 0}, {rows, columns}),
+      KOKKOS_LAMBDA(int i, int j) { x(i, j) = float((i * 7 + j * 13) % 17) * 0.0625f; });
+  Kokkos::deep_copy(exec, gamma, 1.0f);
+  exec.fence();
+  double best = 0;
+  for (int window = 0; window < 3; ++window) {
+    world.barrier();
+    std::int64_t calls = 0;
+    const Clock::time_point start = Clock::now();
+    do {
+      layer_norm_forward(exec, x, gamma, beta, 1e-5, y, mean, rstd);
+      exec.fence();
+      ++calls;
+    } while (seconds_since(start) < 0.1);
+    best = std::max(best, double(calls) * rows * columns / seconds_since(start));
+  }
+  return best;
+}
 
 // What a checkpoint must agree on with the run that resumes it.
 nlohmann::json run_identity(const TrainConfig& c) {
@@ -271,6 +305,7 @@ nlohmann::json TrainResult::to_json(const TrainConfig& c) const {
   j["predicted_attention_flops"] = predicted_attention_flops;
   j["predicted_efficiency"] = c.efficiency.source;
   j["peak_gflops"] = peak_gflops;
+  j["element_rate"] = element_rate;
   j["first_step"] = first_step;
   j["steps"] = nlohmann::json::array();
   const auto phase_json = [](const std::array<double, phase_count>& values) {
@@ -606,9 +641,14 @@ TrainResult train(const TrainConfig& config, const parallel::Communicator& world
     }
     world.all_reduce(&mine, &result.peak_gflops, 1, parallel::DataType::float64, parallel::ReduceOp::sum);
   }
+  {
+    const double mine = measure_element_rate(context.exec(), world);
+    world.all_reduce(&mine, &result.element_rate, 1, parallel::DataType::float64, parallel::ReduceOp::sum);
+    result.element_rate /= world.size();
+  }
   std::string prediction_error;
   try {
-    const plan::Estimate predicted = planner_estimate(config, world.size(), result.peak_gflops * 1e9);
+    const plan::Estimate predicted = planner_estimate(config, world.size(), result.peak_gflops * 1e9, result.element_rate);
     result.predicted_memory_bytes = predicted.memory_total;
     const double element_wise = time_term(predicted, "element-wise kernels");
     result.predicted_compute_seconds = time_term(predicted, "compute") + element_wise;

@@ -136,6 +136,9 @@ struct Efficiency {
   // Per precision (indexed by Precision), measured by write_calibration.py from longattn-train's
   // own kernels; absent: the element-wise kernels are not counted (an --mfu covers them).
   std::array<std::optional<ElementCosts>, 3> element_costs;
+  // longattn-train's element probe (elements per second on a rank) in the runs that timed each
+  // precision's costs; 0: not recorded. A trainer run scales the costs by it over its own probe.
+  std::array<double, 3> element_rates{};
   // Dense attention's efficiency by head dimension, per precision (indexed by Precision), measured
   // in longattn-train's layers: the nearest measured head dimension's (log distance). Empty:
   // attention_dense.
@@ -179,7 +182,7 @@ void validate_layout(const Plan& plan);
 // Reads a calibration JSON ({"matmul": e, "attention": {"dense": e, "dilated": e,
 // "block_sparse": e}, "source": "...", optionally "matmul_shapes": {"fp32": [[m, n, k, e], ...],
 // "16bit": [...], optionally "fp16": [...]} and "element_costs": {"fp32": {"norm_forward": c, ... every class}, "bf16": ...,
-// "fp16": ...}, "attention_by_head_dim": {"fp32": [[D, e], ...], ...}, "attention_by_length":
+// "fp16": ...}, "element_rates": {"fp32": r, ...}, "attention_by_head_dim": {"fp32": [[D, e], ...], ...}, "attention_by_length":
 // {"fp32": [[tokens, f], ...], ...} and "attention_factors": {"fp32": {"dilated": f, "block_sparse":
 // f, "ring": f, optionally "dilated_ring": f}, ...}); throws Error on a missing file or field, an
 // efficiency outside (0, 1], a negative cost or a factor outside (0, 4].

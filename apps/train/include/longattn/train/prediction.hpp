@@ -15,8 +15,10 @@
 namespace longattn::train {
 
 // Throws longattn::Error where the planner cannot describe the run (its validation).
-// peak_flops: all ranks' FMA peak (0: the GPU table's).
-plan::Estimate planner_estimate(const TrainConfig& config, int ranks, double peak_flops = 0);
+// peak_flops: all ranks' FMA peak (0: the GPU table's). element_rate: the ranks' element-wise
+// rate as the run starts (elements per second); where the calibration recorded its own, its
+// element costs are scaled by the calibration's rate over this one (0: as calibrated).
+plan::Estimate planner_estimate(const TrainConfig& config, int ranks, double peak_flops = 0, double element_rate = 0);
 
 // The estimate's time term of that name (0 when absent).
 double time_term(const plan::Estimate& estimate, const std::string& name);

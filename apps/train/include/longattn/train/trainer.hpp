@@ -146,6 +146,9 @@ struct TrainResult {
   // high-water is the largest: what made the whole's peak.
   std::vector<std::pair<std::string, std::size_t>> memory_at_peak;
   double flops_per_step = 0, peak_gflops = 0;
+  // Element-wise kernels' rate at the start, elements per second on a rank (the ranks' mean;
+  // trainer.cpp, measure_element_rate).
+  double element_rate = 0;
   // longattn-plan's memory per rank for this run (prediction.hpp), its terms by name; none when
   // the planner cannot describe the run.
   double predicted_memory_bytes = 0;
