@@ -1,7 +1,9 @@
 // The host emulation of the tensor-core kernels' warp operations (tensor_core/emulated_warp.hpp).
 // The layouts below are transcribed from the PTX ISA (9.7.13.4.7 and 9.7.13.4.8, "Matrix Fragments
 // for mma.m16n8k8" (.tf32) and "for mma.m16n8k16 with floating point type"; 9.7.13.4.15,
-// ldmatrix), not taken from fragments.hpp.
+// ldmatrix; 9.7.15, "Asynchronous Warpgroup Level Matrix Multiply-Accumulate": 9.7.15.5.1,
+// register fragments of wgmma.m64nNk16, 9.7.15.5.1.2, shared memory matrix layouts and their
+// descriptor), not taken from fragments.hpp or warpgroup.hpp.
 #include "longattn/core/detail/tensor_core/emulated_warp.hpp"
 
 #include <sys/mman.h>
@@ -14,6 +16,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <limits>
 #include <memory>
 #include <vector>
@@ -36,6 +39,7 @@ namespace longattn::detail::tensor_core {
 namespace {
 
 constexpr int warp_size = 32;
+constexpr int warpgroup_size = 128;
 constexpr std::size_t shared_limit = 227 * 1024;  // an H100's dynamic shared memory per block, opted in
 constexpr std::size_t stack_bytes = 256 * 1024;
 constexpr unsigned never = std::numeric_limits<unsigned>::max();
@@ -108,10 +112,11 @@ void make_context(Context& context, char* stack, std::size_t bytes, void (*entry
 void switch_context(Context& from, Context& to) { swapcontext(&from.context, &to.context); }
 #endif
 
-enum class Op { shfl, ldmatrix, ldmatrix_trans, mma_bf16, mma_f16, mma_tf32, sync_warp };
+enum class Op { shfl, uniform, ldmatrix, ldmatrix_trans, mma_bf16, mma_f16, mma_tf32, sync_warp };
 const char* name(Op op) {
   switch (op) {
     case Op::shfl: return "shfl.sync.bfly";
+    case Op::uniform: return "shfl.sync.idx (lane 0's value)";
     case Op::ldmatrix: return "ldmatrix.x4";
     case Op::ldmatrix_trans: return "ldmatrix.x4.trans";
     case Op::mma_bf16: return "mma.m16n8k16.bf16";
@@ -137,6 +142,7 @@ struct Fiber {
   unsigned wait_seen = 0;
   const char* waiting_at = "";
   std::vector<Copy> in_flight;  // cp.async issued and not yet waited for (commit groups end at the wait)
+  std::vector<std::size_t> unfenced;  // words it wrote (stores, cp.async) with no fence.proxy.async since
   void* fake_stack = nullptr;   // AddressSanitizer's, while switched out
 };
 
@@ -145,6 +151,7 @@ struct LaneSlot {
   std::uint32_t a[4] = {}, b[2] = {};
   float c[4] = {}, value = 0;
   int lane_mask = 0;
+  int word = 0, out_word = 0;
   const char* row = nullptr;
   std::uint32_t out[4] = {};
   float out_c[4] = {}, out_value = 0;
@@ -166,6 +173,41 @@ struct Word {
   short reader = -1;       // a thread, or several: -2
   short reader_warp = -1;  // the readers' warp, or -2: several warps
   short copying = -1;      // the thread whose cp.async in flight writes the word
+  short unfenced = -1;     // the thread whose write (generic proxy) no fence.proxy.async of its followed
+};
+
+// A wgmma.mma_async issued by a warpgroup: its operands as the 128 threads gave them.
+struct Wgmma {
+  Operand type = Operand::bf16;
+  int n = 0;
+  bool a_in_registers = false, b_transposed = false;
+  std::uint64_t a_descriptor = 0, b_descriptor = 0;
+  float* d[warpgroup_size] = {};
+  std::uint32_t a[warpgroup_size][4] = {};
+};
+
+enum class GroupOp { fence, wgmma, commit, wait };
+const char* name(GroupOp op) {
+  switch (op) {
+    case GroupOp::fence: return "wgmma.fence";
+    case GroupOp::wgmma: return "wgmma.mma_async";
+    case GroupOp::commit: return "wgmma.commit_group";
+    case GroupOp::wait: return "wgmma.wait_group";
+  }
+  return "?";
+}
+
+// A warpgroup's collectives (its 128 threads arrive) and its wgmma pipeline: the wgmma issued and
+// not committed, the committed groups not waited for (they compute when waited for, so that a
+// read of an accumulator before the wait sees the old value, as it may on the GPU).
+struct WarpgroupState {
+  int arrived = 0;
+  unsigned generation = 0;
+  GroupOp op = GroupOp::fence;
+  Wgmma issuing;
+  bool fenced = false;  // a wgmma.fence since the last wait
+  std::vector<Wgmma> open;
+  std::deque<std::vector<Wgmma>> committed;
 };
 
 struct Cta {
@@ -174,6 +216,7 @@ struct Cta {
   std::size_t shared_bytes = 0;
   std::vector<Fiber>* fibers = nullptr;
   std::vector<WarpState> warps;
+  std::vector<WarpgroupState> warpgroups;  // threads / 128 of them
   std::vector<Word> words;
   int barrier_arrived = 0;
   unsigned barrier_generation = 0;
@@ -337,6 +380,8 @@ void check_write(std::size_t offset, std::size_t bytes, int thread, const char* 
       word.writer = short(thread);
       word.write_epoch = c.epoch;
       word.writer_syncs = c.warps[warp_of(thread)].syncs;
+      word.unfenced = short(thread);
+      fiber().unfenced.push_back(w);
     }
   }
 }
@@ -352,6 +397,8 @@ void land_copies(Fiber& f) {
       word.writer = short(f.thread);
       word.write_epoch = c.epoch;
       word.writer_syncs = c.warps[warp_of(f.thread)].syncs;
+      word.unfenced = short(f.thread);
+      f.unfenced.push_back(w);
     }
     if (copy.fill)
       std::memcpy(copy.shared, copy.global, 16);
@@ -509,6 +556,17 @@ void execute_ldmatrix(WarpState& w, int first_thread) {
   ++totals.ldmatrix;
 }
 
+// Lane 0's value to every lane; the programs take it as the warp's, so the lanes must agree.
+void execute_uniform(WarpState& w) {
+  for (int lane = 0; lane < warp_size; ++lane) {
+    if (w.lanes[lane].word != w.lanes[0].word)
+      fail("lane %d gives %d where lane 0 gives %d to a value the program takes as the warp's (shfl.sync.idx)", lane,
+           w.lanes[lane].word, w.lanes[0].word);
+    w.lanes[lane].out_word = w.lanes[0].word;
+  }
+  ++totals.shuffles;
+}
+
 void execute_shfl(WarpState& w) {
   for (int lane = 0; lane < warp_size; ++lane) {
     const int source = lane ^ w.lanes[lane].lane_mask;
@@ -537,6 +595,7 @@ LaneSlot& collective(Op op, const Fill& fill) {
   if (++w.arrived == warp_size) {
     switch (op) {
       case Op::shfl: execute_shfl(w); break;
+      case Op::uniform: execute_uniform(w); break;
       case Op::ldmatrix:
       case Op::ldmatrix_trans: execute_ldmatrix(w, warp * warp_size); break;
       case Op::mma_bf16:
@@ -552,6 +611,120 @@ LaneSlot& collective(Op op, const Fill& fill) {
   return slot;
 }
 
+// ------------------------------------------------------------------------- wgmma (sm_90a)
+// wgmma.m64nNk16 with 16-bit A and B (PTX ISA 9.7.15.5.1): thread t of the warpgroup is lane
+// t % 32 of warp w = t / 32, groupID = lane >> 2, threadID_in_group = lane % 4.
+// D: d_i at row 16 w + groupID + 8 ((i % 4) >= 2), col 8 (i / 4) + 2 threadID_in_group + i % 2.
+// A in registers: a_i (a_{2r}, a_{2r+1} in register r) at row 16 w + groupID + 8 ((i % 4) >= 2),
+//    col 2 threadID_in_group + i % 2 + 8 (i >= 4).
+void wgmma_d_element(int thread, int i, int& row, int& col) {
+  const int warp = thread / warp_size, lane = thread % warp_size;
+  row = 16 * warp + (lane >> 2) + 8 * ((i % 4) >= 2 ? 1 : 0);
+  col = 8 * (i / 4) + 2 * (lane % 4) + i % 2;
+}
+void wgmma_a_element(int thread, int i, int& row, int& col) {
+  const int warp = thread / warp_size, lane = thread % warp_size;
+  row = 16 * warp + (lane >> 2) + 8 * ((i % 4) >= 2 ? 1 : 0);
+  col = 2 * (lane % 4) + i % 2 + 8 * (i >= 4 ? 1 : 0);
+}
+
+// The shared-memory byte offset of element (mn, k) of an operand by its matrix descriptor (PTX ISA
+// 9.7.15.5.1.2): start address (bits 0-13), leading dimension byte offset (16-29) and stride
+// dimension byte offset (32-45), each >> 4; base offset (49-51); swizzle (62-63: 1 = 128 bytes).
+// The 128-byte swizzle's canonical layouts, 16-bit values (T = 8 values, 16 bytes):
+//   K-major   ((8, m), (T, 2k)) : ((8T, SBO), (1, T)): rows of 128 bytes, 8-row groups SBO apart
+//   MN-major  ((T, 8, m), (8, k)) : ((1, T, LBO), (8T, SBO)): 64 MN values a 128-byte row, rows
+//             by k, 64-value column groups LBO apart, 8-k groups SBO apart
+// and the address swizzled at the end: bits 4-6 XOR bits 7-9.
+std::size_t operand_offset(std::uint64_t descriptor, int mn, int k, bool mn_major) {
+  const std::size_t start = std::size_t(descriptor & 0x3fffu) << 4;
+  const std::size_t leading = std::size_t(descriptor >> 16 & 0x3fffu) << 4;
+  const std::size_t stride = std::size_t(descriptor >> 32 & 0x3fffu) << 4;
+  const unsigned base_offset = unsigned(descriptor >> 49 & 7u), layout = unsigned(descriptor >> 62);
+  if (layout != 1 || base_offset != 0)
+    fail("wgmma descriptor 0x%016llx: layout %u, base offset %u (emulated: the 128-byte swizzle, base offset 0)",
+         static_cast<unsigned long long>(descriptor), layout, base_offset);
+  const std::size_t linear = mn_major ? start + leading * std::size_t(mn / 64) + stride * std::size_t(k / 8) +
+                                            128 * std::size_t(k % 8) + 2 * std::size_t(mn % 64)
+                                      : start + stride * std::size_t(mn / 8) + 128 * std::size_t(mn % 8) +
+                                            2 * std::size_t(k);
+  return linear ^ ((linear >> 7 & 7u) << 4);
+}
+
+// One 16-bit operand value that wgmma reads from shared memory, with the checks of a read (and
+// that the writer fenced the async proxy).
+float wgmma_shared_value(Operand type, std::size_t offset, int first_thread) {
+  Cta& c = cta();
+  if (offset + 2 > c.shared_bytes)
+    fail("wgmma reads shared offset %zu, outside the CTA's %zu bytes", offset, c.shared_bytes);
+  check_read(offset, 2, first_thread, "wgmma.mma_async");
+  const Word& word = c.words[offset / 4];
+  if (word.unfenced >= 0)
+    fail("wgmma.mma_async reads shared offset %zu, written by thread %d through the generic proxy with no "
+         "fence.proxy.async of that thread since",
+         offset, word.unfenced);
+  std::uint16_t bits;
+  std::memcpy(&bits, c.shared + offset, 2);
+  return type == Operand::bf16 ? bf16_value(bits) : float16_value(bits);
+}
+
+// D = A B + D for the warpgroup: 64 x 16 A and 16 x N B gathered by the tables above, products
+// summed in double and rounded once, as execute_mma.
+void execute_wgmma(const Wgmma& g, int first_thread) {
+  static thread_local std::vector<float> a(64 * 16), b(16 * 256);
+  for (int t = 0; t < warpgroup_size; ++t) {
+    if (g.a_in_registers)
+      for (int i = 0; i < 8; ++i) {
+        int row, col;
+        wgmma_a_element(t, i, row, col);
+        const std::uint16_t bits = half_of(g.a[t][i / 2], i % 2);
+        a[std::size_t(16 * row + col)] = g.type == Operand::bf16 ? bf16_value(bits) : float16_value(bits);
+      }
+  }
+  if (!g.a_in_registers)
+    for (int row = 0; row < 64; ++row)
+      for (int k = 0; k < 16; ++k)
+        a[std::size_t(16 * row + k)] =
+            wgmma_shared_value(g.type, operand_offset(g.a_descriptor, row, k, false), first_thread);
+  for (int k = 0; k < 16; ++k)
+    for (int n = 0; n < g.n; ++n)
+      b[std::size_t(256 * k + n)] =
+          wgmma_shared_value(g.type, operand_offset(g.b_descriptor, n, k, g.b_transposed), first_thread);
+  for (int t = 0; t < warpgroup_size; ++t)
+    for (int i = 0; i < g.n / 2; ++i) {
+      int row, col;
+      wgmma_d_element(t, i, row, col);
+      double sum = g.d[t][i];
+      for (int k = 0; k < 16; ++k) sum += double(a[std::size_t(16 * row + k)]) * double(b[std::size_t(256 * k + col)]);
+      g.d[t][i] = float(sum);
+    }
+  ++totals.wgmma;
+}
+
+// Arrives at a collective of the warpgroup (its 128 threads) with `fill` applied to its state by
+// each thread; the last to arrive runs `complete`.
+template <class Fill, class Complete>
+void warpgroup_collective(GroupOp op, const Fill& fill, const Complete& complete) {
+  Cta& c = cta();
+  Fiber& f = fiber();
+  if (c.warpgroups.empty()) fail("reaches %s in a CTA of %d threads, not whole warpgroups", name(op), c.threads);
+  const int group = f.thread / warpgroup_size;
+  WarpgroupState& g = c.warpgroups[std::size_t(group)];
+  if (g.arrived == 0)
+    g.op = op;
+  else if (g.op != op)
+    fail("reaches %s while threads of warpgroup %d wait at %s: the warpgroup diverged", name(op), group, name(g.op));
+  fill(g, f.thread % warpgroup_size);
+  const unsigned seen = g.generation;
+  if (++g.arrived == warpgroup_size) {
+    complete(g, group * warpgroup_size);
+    g.arrived = 0;
+    ++g.generation;
+  } else {
+    block_until_changed(&g.generation, seen, name(op));
+  }
+}
+
 void fiber_main() {
   Cta& c = cta();
   Fiber& f = fiber();
@@ -561,6 +734,11 @@ void fiber_main() {
   if (c.barrier_arrived > 0) fail("finishes while %d threads wait at a CTA barrier", c.barrier_arrived);
   if (c.warps[warp_of(f.thread)].arrived > 0)
     fail("finishes while lanes of its warp wait at %s", name(c.warps[warp_of(f.thread)].op));
+  if (!c.warpgroups.empty()) {
+    const WarpgroupState& g = c.warpgroups[std::size_t(f.thread / warpgroup_size)];
+    if (!g.open.empty() || !g.committed.empty())
+      fail("finishes with wgmma.mma_async of its warpgroup never waited for (wgmma.wait_group)");
+  }
   f.finished = true;
   ++c.finished;
   yield(true);
@@ -583,6 +761,7 @@ void run_cta(Cta& c) {
     f.finished = false;
     f.wait_generation = nullptr;
     f.in_flight.clear();
+    f.unfenced.clear();
     f.fake_stack = nullptr;
     f.stack = stacks.get(std::size_t(t));
     unpoison(f.stack, stack_bytes);
@@ -635,6 +814,7 @@ void Emulator::run(const void* program, Body body, int ctas, int threads, std::s
   c.program = program;
   c.body = body;
   c.warps.resize(std::size_t(threads / warp_size));
+  c.warpgroups.resize(std::size_t(threads % warpgroup_size == 0 ? threads / warpgroup_size : 0));
   active = &c;
   for (int cta = 0; cta < ctas && !c.failed; ++cta) {
     c.index = cta;
@@ -642,6 +822,7 @@ void Emulator::run(const void* program, Body body, int ctas, int threads, std::s
     c.barrier_arrived = 0;
     c.epoch = 0;
     for (WarpState& w : c.warps) w.arrived = 0;
+    for (WarpgroupState& g : c.warpgroups) g = WarpgroupState{};
     c.words.assign((shared_bytes + 3) / 4, Word{});
     std::memset(c.shared, 0xff, allocated);
     run_cta(c);
@@ -681,6 +862,10 @@ float shfl_xor(float value, int lane_mask) {
            s.value = value;
            s.lane_mask = lane_mask;
          }).out_value;
+}
+
+int uniform(int value) {
+  return collective(Op::uniform, [&](LaneSlot& slot) { slot.word = value; }).out_word;
 }
 
 void ldmatrix_x4(std::uint32_t (&r)[4], const void* row, bool trans) {
@@ -732,6 +917,71 @@ std::uint32_t tf32(float x) {
 float exp2(float x) {
   const float y = std::exp2(x);
   return y < std::numeric_limits<float>::min() ? 0.0f : y;  // .ftz: subnormal results flush to zero
+}
+
+std::uint32_t shared_address(const void* address) {
+  Cta& c = cta();
+  const char* p = static_cast<const char*>(address);
+  if (p < c.shared || p > c.shared + c.shared_bytes)
+    fail("cvta.to.shared of %p, outside the CTA's shared memory at %p", address, static_cast<const void*>(c.shared));
+  return std::uint32_t(p - c.shared);
+}
+
+void wgmma(Operand type, int n, float* d, const std::uint32_t* a, std::uint64_t a_descriptor,
+           std::uint64_t b_descriptor, bool b_transposed) {
+  warpgroup_collective(
+      GroupOp::wgmma,
+      [&](WarpgroupState& g, int t) {
+        Wgmma& w = g.issuing;
+        if (t == 0 || g.arrived == 0) {
+          w.type = type;
+          w.n = n;
+          w.a_in_registers = a != nullptr;
+          w.b_transposed = b_transposed;
+          w.a_descriptor = a_descriptor;
+          w.b_descriptor = b_descriptor;
+        } else if (w.type != type || w.n != n || w.a_in_registers != (a != nullptr) || w.b_transposed != b_transposed ||
+                   w.a_descriptor != a_descriptor || w.b_descriptor != b_descriptor) {
+          fail("gives wgmma.mma_async operands (shape, type or descriptors) that differ from its warpgroup's");
+        }
+        w.d[t] = d;
+        for (int r = 0; r < 4; ++r) w.a[t][r] = a != nullptr ? a[r] : 0u;
+      },
+      [](WarpgroupState& g, int) {
+        if (!g.fenced) fail("issues wgmma.mma_async with no wgmma.fence since its warpgroup last waited");
+        g.open.push_back(g.issuing);
+      });
+}
+
+void wgmma_fence() {
+  warpgroup_collective(GroupOp::fence, [](WarpgroupState&, int) {}, [](WarpgroupState& g, int) { g.fenced = true; });
+}
+
+void wgmma_commit() {
+  warpgroup_collective(GroupOp::commit, [](WarpgroupState&, int) {}, [](WarpgroupState& g, int) {
+    g.committed.push_back(std::move(g.open));
+    g.open.clear();
+  });
+}
+
+// wgmma.wait_group N: the committed groups but the N latest compute, in order.
+void wgmma_wait(int pending) {
+  warpgroup_collective(GroupOp::wait, [](WarpgroupState&, int) {}, [pending](WarpgroupState& g, int first_thread) {
+    if (!g.open.empty()) fail("waits (wgmma.wait_group %d) with wgmma.mma_async not committed", pending);
+    while (int(g.committed.size()) > pending) {
+      for (const Wgmma& w : g.committed.front()) execute_wgmma(w, first_thread);
+      g.committed.pop_front();
+    }
+    g.fenced = false;
+  });
+}
+
+void fence_proxy_async() {
+  Cta& c = cta();
+  Fiber& f = fiber();
+  for (std::size_t w : f.unfenced)
+    if (c.words[w].unfenced == f.thread) c.words[w].unfenced = -1;
+  f.unfenced.clear();
 }
 
 void store_shared(void* address, const void* value, std::size_t bytes) {

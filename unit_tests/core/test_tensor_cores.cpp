@@ -6,12 +6,16 @@
 //
 //   - the fragment helpers (fragments.hpp) against products computed directly, 16-bit and TF32:
 //     operands from rows, from columns and from accumulators, mma.sync; cvt.rna.tf32.f32;
+//   - the warpgroup layouts (warpgroup.hpp): swizzled tiles, K-major and MN-major descriptors and
+//     wgmma from shared memory and from registers, against products computed directly; the
+//     wgmma ordering the emulation enforces (wgmma.fence, fence.proxy.async, waits);
 //   - the padded tiles read without bank conflicts (and unpadded ones with them);
 //   - the emulation's own checks: races (between warps, inside a warp, a cp.async over data
 //     read), a read before cp.async lands, misalignment, bounds, reads of what nothing wrote, a
 //     warp that diverges at a collective, a TF32 operand not rounded, a thread that finishes
-//     early, a deadlock;
-//   - forward and backward (one pass with atomic dQ sums; deterministic; two passes) for
+//     early, a deadlock, a value taken as the warp's that its lanes disagree on;
+//   - forward and backward (one pass with atomic dQ sums; deterministic; two passes; the forward
+//     pass by the warp-level and, 16-bit at head dims 64 and 128, the warpgroup program) for
 //     bfloat16, float16 and float on TF32 (allow_tf32), head dims 64 and 128 (16-bit forward
 //     256), odd sizes, Nq != Nk with global offsets, causal or not, output_scale and accumulated
 //     gradients, block-sparse layouts with empty rows and columns; the tensor-core kernels run
@@ -34,6 +38,7 @@
 #include "longattn/core/detail/tensor_core/emulated_warp.hpp"
 #include "longattn/core/detail/tensor_core/fragments.hpp"
 #include "longattn/core/detail/tensor_core/kernels.hpp"
+#include "longattn/core/detail/tensor_core/warpgroup.hpp"
 #include "reference/attention.hpp"
 #include "reference/block_sparse.hpp"
 #include "reference/random.hpp"
@@ -260,6 +265,99 @@ struct TileReads {
 
 }  // namespace
 
+namespace {
+
+// The products a warpgroup computes through warpgroup.hpp, 16-bit: D = A B^T (A 64 x 128 and
+// B^T 64 x 128 stored by rows in swizzled tiles: K-major descriptors, 8 k-steps over two
+// panels), then E = D V (D rounded to S as the A operand from its accumulators, V 64 x 128
+// stored by rows: MN-major descriptors, N = 128 over two panels).
+template <class S>
+struct WarpgroupProduct {
+  static constexpr int threads = tc::warpgroup_threads;
+  static constexpr int tile = tc::swizzled_tile_bytes(64, 128);
+  static constexpr std::size_t shared_bytes = 3 * tile;
+  const Matrix<S> *a, *b_transposed, *v;
+  float* d;  // [64][64]
+  float* e;  // [64][128]
+
+  void operator()(int, char* shared) const {
+    const int thread = EmulatedWarp::thread(), warp = thread / 32, lane = thread % 32;
+    tc::load_swizzled_tile<EmulatedWarp, 64, 128, threads>(shared, a->stored.data(), 128, 64, thread);
+    tc::load_swizzled_tile<EmulatedWarp, 64, 128, threads>(shared + tile, b_transposed->stored.data(), 128, 64, thread);
+    tc::load_swizzled_tile<EmulatedWarp, 64, 128, threads>(shared + 2 * tile, v->stored.data(), 128, 64, thread);
+    EmulatedWarp::cp_async_wait_all();
+    EmulatedWarp::fence_proxy_async();
+    EmulatedWarp::sync_cta();
+    const std::uint32_t address = EmulatedWarp::shared_address(shared);
+    float acc[8][4] = {};
+    EmulatedWarp::wgmma_fence();
+    for (int kk = 0; kk < 8; ++kk)
+      EmulatedWarp::wgmma<tc::operand_of<S>, 64>(acc, tc::k_major_descriptor(address, 64, 0, 16 * kk),
+                                                 tc::k_major_descriptor(address + tile, 64, 0, 16 * kk));
+    EmulatedWarp::wgmma_commit();
+    EmulatedWarp::wgmma_wait<0>();
+    std::uint32_t p[4][4];
+    for (int kk = 0; kk < 4; ++kk) tc::a_from_accumulators<EmulatedWarp, S>(acc, kk, p[kk]);
+    float out[16][4] = {};
+    EmulatedWarp::wgmma_fence();
+    for (int kk = 0; kk < 4; ++kk)
+      EmulatedWarp::wgmma<tc::operand_of<S>, 128>(out, p[kk], tc::mn_major_descriptor(address + 2 * tile, 64, 16 * kk));
+    EmulatedWarp::wgmma_commit();
+    EmulatedWarp::wgmma_wait<0>();
+    // Where warpgroup.hpp says a thread's accumulators are.
+    for (int n = 0; n < 8; ++n)
+      for (int i = 0; i < 4; ++i)
+        d[(16 * warp + tc::accumulator_row(lane, i)) * 64 + 8 * n + tc::accumulator_col(lane, i)] = acc[n][i];
+    for (int n = 0; n < 16; ++n)
+      for (int i = 0; i < 4; ++i)
+        e[(16 * warp + tc::accumulator_row(lane, i)) * 128 + 8 * n + tc::accumulator_col(lane, i)] = out[n][i];
+  }
+};
+
+template <class S>
+void check_warpgroup_products(std::mt19937_64& rng) {
+  INFO(longattn::detail::scalar_name<S>());
+  const Matrix<S> a(64, 128, rng), b_transposed(64, 128, rng), v(64, 128, rng);
+  std::vector<float> d(64 * 64, -1.0f), e(64 * 128, -1.0f);
+  Emulator::reset_counters();
+  Emulator::run(WarpgroupProduct<S>{&a, &b_transposed, &v, d.data(), e.data()}, 1);
+  CHECK(Emulator::counters().wgmma == 12);
+  double worst_d = 0, worst_e = 0;
+  for (int i = 0; i < 64; ++i)
+    for (int j = 0; j < 64; ++j) {
+      double sum = 0;
+      for (int k = 0; k < 128; ++k) sum += a(i, k) * b_transposed(j, k);
+      worst_d = std::max(worst_d, std::abs(sum - d[std::size_t(i) * 64 + j]));
+    }
+  for (int i = 0; i < 64; ++i)
+    for (int j = 0; j < 128; ++j) {
+      double sum = 0;  // D rounded as the kernels make probabilities operands
+      for (int k = 0; k < 64; ++k) sum += double(float(S(d[std::size_t(i) * 64 + k]))) * v(k, j);
+      worst_e = std::max(worst_e, std::abs(sum - e[std::size_t(i) * 128 + j]));
+    }
+  CHECK(worst_d < 1e-4);
+  CHECK(worst_e < 1e-3);
+}
+
+}  // namespace
+
+TEST_CASE("tensor-core warpgroups: swizzled tiles and wgmma's descriptors give the products", "[core][tensor_cores]") {
+  std::mt19937_64 rng(longattn::test::test_seed());
+  INFO("seed " << longattn::test::test_seed());
+  check_warpgroup_products<longattn::bfloat16>(rng);
+  check_warpgroup_products<longattn::float16>(rng);
+  // Spot values of the layout: row 9's chunk 3 of a 64-row tile lands at chunk 3 ^ 1 of its row;
+  // chunk 9 (values 72-79) in the second panel. A K-major descriptor of the second panel's k-step
+  // at value 80 of a 64-row tile at 0x400: start (0x400 + 8192 + 32) >> 4, LBO 1, SBO 64, 128-byte
+  // swizzle; V's second k-step: start (0x400 + 2048) >> 4, LBO 8192 >> 4.
+  CHECK(tc::swizzled_chunk_offset(9, 3, 64) == 9 * 128 + 2 * 16);
+  CHECK(tc::swizzled_chunk_offset(9, 9, 64) == 8192 + 9 * 128 + 0);
+  CHECK(tc::k_major_descriptor(0x400, 64, 0, 80) ==
+        ((0x400u + 8192 + 32) >> 4 | std::uint64_t(1) << 16 | std::uint64_t(64) << 32 | std::uint64_t(1) << 62));
+  CHECK(tc::mn_major_descriptor(0x400, 64, 16) ==
+        ((0x400u + 2048) >> 4 | std::uint64_t(512) << 16 | std::uint64_t(64) << 32 | std::uint64_t(1) << 62));
+}
+
 TEST_CASE("tensor-core fragments: padded tiles are read without bank conflicts", "[core][tensor_cores]") {
   Emulator::reset_counters();
   Emulator::run(TileReads{true}, 1);
@@ -289,6 +387,15 @@ using Targets = std::tuple<Emulated, OnGpu>;
 #else
 using Targets = std::tuple<Emulated>;
 #endif
+
+// Whether the warpgroup forward program runs on a target (the emulation: always).
+template <class Target>
+bool warpgroup_program_runs() {
+#ifdef KOKKOS_ENABLE_CUDA
+  if constexpr (!Target::emulated) return tc::CudaLaunch::warpgroup_device(Kokkos::Cuda());
+#endif
+  return true;
+}
 
 struct Shape {
   int batch, queries, keys, heads, head_dim;
@@ -331,6 +438,7 @@ struct Run {
   const longattn::BlockSparseLayout<Exec>* layout = nullptr;  // with `mask`, its pattern
   const longattn::test::BlockMask* mask = nullptr;
   bool allow_tf32 = true;  // AttentionOptions::allow_tf32: float on the tensor cores
+  longattn::TensorCoreForward forward_program = longattn::TensorCoreForward::automatic;
   bool forward_on_tensor_cores = true, backward_on_tensor_cores = true;
 };
 
@@ -346,7 +454,8 @@ void check_attention(const Run<typename Target::Exec>& run, std::mt19937_64& rng
   INFO(describe(s, run.causal) << ", " << longattn::detail::scalar_name<T>() << ", " << name(run.form)
                                << ", output scale " << run.output_scale
                                << (run.accumulate_gradients ? ", accumulating gradients" : "")
-                               << (run.layout ? ", block-sparse" : "") << ", on " << Exec::name());
+                               << (run.layout ? ", block-sparse" : "") << ", forward program "
+                               << longattn::to_string(run.forward_program) << ", on " << Exec::name());
   const HostTensor q = random_tensor<T>(s.batch, s.queries, s.heads, s.head_dim, rng);
   const HostTensor k = random_tensor<T>(s.batch, s.keys, s.heads, s.head_dim, rng);
   const HostTensor v = random_tensor<T>(s.batch, s.keys, s.heads, s.head_dim, rng);
@@ -395,6 +504,7 @@ void check_attention(const Run<typename Target::Exec>& run, std::mt19937_64& rng
   opts.accumulate_gradients = run.accumulate_gradients;
   opts.deterministic = run.form == Form::deterministic;
   opts.allow_tf32 = run.allow_tf32;
+  opts.tensor_core_forward = run.forward_program;
   if (run.form == Form::two_passes) opts.backward_passes = longattn::BackwardPasses::two;
   const Exec exec;
   std::int64_t grids = tc::launched_grids();
@@ -404,7 +514,10 @@ void check_attention(const Run<typename Target::Exec>& run, std::mt19937_64& rng
   else
     longattn::attention_forward<Tiles>(exec, qd, kd, vd, o, lse, opts);
   CHECK((tc::launched_grids() > grids) == run.forward_on_tensor_cores);
-  if (Target::emulated) CHECK(Emulator::counters().ldmatrix_conflict_wavefronts == 0);  // padded tiles
+  if (Target::emulated) {
+    CHECK(Emulator::counters().ldmatrix_conflict_wavefronts == 0);  // padded tiles
+    CHECK((Emulator::counters().wgmma > 0) == (run.forward_program == longattn::TensorCoreForward::warpgroup));
+  }
   grids = tc::launched_grids();
   Emulator::reset_counters();
   if (run.layout)
@@ -489,6 +602,73 @@ TEMPLATE_LIST_TEST_CASE("tensor-core attention: two passes, output_scale, accumu
   check_attention<TestType, float>(other, rng);
 }
 
+TEMPLATE_LIST_TEST_CASE("tensor-core attention: the warpgroup forward program (wgmma) matches the double reference",
+                        "[core][tensor_cores]", Targets) {
+  using Exec = typename TestType::Exec;
+  using Run = Run<Exec>;
+  if (!warpgroup_program_runs<TestType>()) {
+    WARN("SKIP: the GPU is not compute capability 9.0, where the warpgroup program runs");
+    return;
+  }
+  std::mt19937_64 rng(longattn::test::test_seed());
+  const std::vector<Shape> all = {
+      {1, 65, 129, 2, 128, 0, 64},  // causal: the first 64 queries see no key
+      {2, 100, 37, 2, 64, 50, 20},
+      {1, 130, 200, 1, 128, 150, 0},
+      {1, 300, 260, 1, 64},  // three pairs of query blocks, the last one short
+  };
+  const std::vector<Shape> shapes(all.begin(), all.begin() + longattn::test::test_size(4, 2));
+  for (const Shape& s : shapes)
+    for (bool causal : {false, true}) {
+      Run run{s, causal, causal ? Form::atomic : Form::deterministic, causal ? 0.5 : 1.0};
+      run.forward_program = longattn::TensorCoreForward::warpgroup;
+      check_attention<TestType, longattn::bfloat16>(run, rng);
+      check_attention<TestType, longattn::float16>(run, rng);
+    }
+  // Ring attention's passes: the softmax continued over a second part of the keys
+  // (accumulate_output) equals one pass over all of them.
+  const Exec exec;
+  {
+    using Memory = typename Exec::memory_space;
+    const HostTensor q = random_tensor<longattn::bfloat16>(1, 100, 2, 128, rng);
+    const HostTensor kv = random_tensor<longattn::bfloat16>(1, 200, 2, 128, rng);
+    auto qd = longattn::test::to_device<longattn::bfloat16, Memory>(q);
+    auto kvd = longattn::test::to_device<longattn::bfloat16, Memory>(kv);
+    Kokkos::View<longattn::bfloat16****, Kokkos::LayoutRight, Memory> o("o", 1, 100, 2, 128), o_acc("o acc", 1, 100, 2, 128);
+    Kokkos::View<float***, Memory> lse("lse", 1, 2, 100), lse_acc("lse acc", 1, 2, 100);
+    longattn::AttentionOptions whole;
+    whole.tensor_core_forward = longattn::TensorCoreForward::warpgroup;
+    whole.causal = true;
+    whole.query_offset = 120;
+    longattn::attention_forward<typename TestType::Tiles>(exec, qd, kvd, kvd, o, lse, whole);
+    for (const std::pair<int, int>& part : {std::pair<int, int>{0, 130}, {130, 200}}) {
+      longattn::AttentionOptions pass = whole;
+      pass.key_offset = part.first;
+      pass.accumulate_output = part.first > 0;
+      const auto keys = Kokkos::subview(kvd, Kokkos::ALL, part, Kokkos::ALL, Kokkos::ALL);
+      longattn::attention_forward<typename TestType::Tiles>(exec, qd, keys, keys, o_acc, lse_acc, pass);
+    }
+    exec.fence();
+    INFO("accumulate_output, bfloat16, D 128, causal");
+    CHECK(relative_error(longattn::test::to_host(o_acc), longattn::test::to_host(o)) <=
+          2 * tensor_core_tolerance<longattn::bfloat16>());
+    CHECK(relative_error(longattn::test::to_host(lse_acc), longattn::test::to_host(lse)) <= 1e-5);
+  }
+  // Where it cannot run: float (TF32), head dim 256.
+  longattn::AttentionOptions opts;
+  opts.tensor_core_forward = longattn::TensorCoreForward::warpgroup;
+  opts.allow_tf32 = true;
+  using Device4 = Kokkos::View<float****, Kokkos::LayoutRight, typename Exec::memory_space>;
+  Device4 x("x", 1, 64, 1, 64), y("y", 1, 64, 1, 64);
+  Kokkos::View<float***, typename Exec::memory_space> lse("lse", 1, 1, 64);
+  CHECK_THROWS_WITH(longattn::attention_forward<typename TestType::Tiles>(exec, x, x, x, y, lse, opts),
+                    Catch::Contains("opts.tensor_core_forward") && Catch::Contains("16-bit tensors at head dims 64 and 128"));
+  using Half4 = Kokkos::View<longattn::bfloat16****, Kokkos::LayoutRight, typename Exec::memory_space>;
+  Half4 wide("wide", 1, 64, 1, 256), wide_o("wide_o", 1, 64, 1, 256);
+  CHECK_THROWS_WITH(longattn::attention_forward<typename TestType::Tiles>(exec, wide, wide, wide, wide_o, lse, opts),
+                    Catch::Contains("opts.tensor_core_forward"));
+}
+
 TEMPLATE_LIST_TEST_CASE("tensor-core attention: block-sparse layouts visit only their blocks", "[core][tensor_cores]",
                         Targets) {
   using Exec = typename TestType::Exec;
@@ -520,6 +700,13 @@ TEMPLATE_LIST_TEST_CASE("tensor-core attention: block-sparse layouts visit only 
       run.layout = &layout;
       run.mask = &mask;
       check_attention<TestType, longattn::bfloat16>(run, rng);
+    }
+    if (warpgroup_program_runs<TestType>()) {
+      Run warpgroup{s, true, Form::atomic};
+      warpgroup.layout = &layout;
+      warpgroup.mask = &mask;
+      warpgroup.forward_program = longattn::TensorCoreForward::warpgroup;
+      check_attention<TestType, longattn::float16>(warpgroup, rng);
     }
     // A causal local window, shared by every head.
     longattn::BlockSparseShape shared = shape;
@@ -638,8 +825,50 @@ TEST_CASE("the warp emulation reports races, early reads, misalignment, divergen
                         EmulatedWarp::sync_cta();
                     }),
                     Contains("CTA 0 deadlocks; waiting: thread 0 at a CTA barrier;"));
+  CHECK_THROWS_WITH(emulate<32>([](char*, int thread) { (void)EmulatedWarp::uniform(thread / 2); }),
+                    Contains("lane 2 gives 1 where lane 0 gives 0 to a value the program takes as the warp's"));
   // After a failure the next emulation runs normally.
   CHECK_NOTHROW(emulate<32>([](char*, int) { EmulatedWarp::sync_warp(); }));
+}
+
+namespace {
+
+// One warpgroup product S = A B^T (64 x 64 tiles of zeros, bf16) with the ordering steps that
+// `skip` leaves out.
+enum class Skip { nothing, proxy_fence, wgmma_fence, wait };
+struct WgmmaOrdering {
+  static constexpr int threads = tc::warpgroup_threads;
+  static constexpr int tile = tc::swizzled_tile_bytes(64, 64);
+  static constexpr std::size_t shared_bytes = 2 * tile;
+  Skip skip;
+  void operator()(int, char* shared) const {
+    alignas(16) static const longattn::bfloat16 zeros[64 * 64] = {};
+    const int thread = EmulatedWarp::thread();
+    tc::load_swizzled_tile<EmulatedWarp, 64, 64, threads>(shared, zeros, 64, 64, thread);
+    tc::load_swizzled_tile<EmulatedWarp, 64, 64, threads>(shared + tile, zeros, 64, 64, thread);
+    EmulatedWarp::cp_async_wait_all();
+    if (skip != Skip::proxy_fence) EmulatedWarp::fence_proxy_async();
+    EmulatedWarp::sync_cta();
+    const std::uint32_t address = EmulatedWarp::shared_address(shared);
+    float s[8][4] = {};
+    if (skip != Skip::wgmma_fence) EmulatedWarp::wgmma_fence();
+    EmulatedWarp::wgmma<tc::Operand::bf16, 64>(s, tc::k_major_descriptor(address, 64, 0, 0),
+                                               tc::k_major_descriptor(address + tile, 64, 0, 0));
+    EmulatedWarp::wgmma_commit();
+    if (skip != Skip::wait) EmulatedWarp::wgmma_wait<0>();
+  }
+};
+
+}  // namespace
+
+TEST_CASE("the warpgroup emulation reports wgmma without its fences or its wait", "[core][tensor_cores][errors]") {
+  using Catch::Contains;
+  CHECK_NOTHROW(Emulator::run(WgmmaOrdering{Skip::nothing}, 1));
+  CHECK_THROWS_WITH(Emulator::run(WgmmaOrdering{Skip::proxy_fence}, 1),
+                    Contains("through the generic proxy with no fence.proxy.async"));
+  CHECK_THROWS_WITH(Emulator::run(WgmmaOrdering{Skip::wgmma_fence}, 1),
+                    Contains("issues wgmma.mma_async with no wgmma.fence"));
+  CHECK_THROWS_WITH(Emulator::run(WgmmaOrdering{Skip::wait}, 1), Contains("never waited for (wgmma.wait_group)"));
 }
 
 TEST_CASE("tensor cores: a deterministic one-pass backward is refused", "[core][tensor_cores][errors]") {

@@ -60,6 +60,19 @@ class PhaseScope {
   Clock::time_point start_;
 };
 
+// The fastest of three windows of a rate `measure` takes, the ranks starting each together: a
+// window in which the OS had two ranks on one core, or a neighbour took the core, reads half (one
+// of about ten starts on a 2-core guest read 0.53 of the rest, and every prediction doubled).
+template <class Measure>
+double fastest_of_three_windows(const parallel::Communicator& world, const Measure& measure) {
+  double best = 0;
+  for (int window = 0; window < 3; ++window) {
+    world.barrier();
+    best = std::max(best, measure());
+  }
+  return best;
+}
+
 // This rank's rate for element-wise kernels (elements per second), the ranks together: LayerNorm
 // forward over 2048 x 128 floats (the calibration model's rows; in cache), the fastest of three
 // 0.1 s windows. On a shared virtual machine a neighbour's cache and memory traffic slows these
@@ -78,9 +91,7 @@ double measure_element_rate(const Exec& exec, const parallel::Communicator& worl
       KOKKOS_LAMBDA(int i, int j) { x(i, j) = float((i * 7 + j * 13) % 17) * 0.0625f; });
   Kokkos::deep_copy(exec, gamma, 1.0f);
   exec.fence();
-  double best = 0;
-  for (int window = 0; window < 3; ++window) {
-    world.barrier();
+  return fastest_of_three_windows(world, [&] {
     std::int64_t calls = 0;
     const Clock::time_point start = Clock::now();
     do {
@@ -88,9 +99,8 @@ double measure_element_rate(const Exec& exec, const parallel::Communicator& worl
       exec.fence();
       ++calls;
     } while (seconds_since(start) < 0.1);
-    best = std::max(best, double(calls) * rows * columns / seconds_since(start));
-  }
-  return best;
+    return double(calls) * rows * columns / seconds_since(start);
+  });
 }
 
 // What a checkpoint must agree on with the run that resumes it.
@@ -631,14 +641,8 @@ TrainResult train(const TrainConfig& config, const parallel::Communicator& world
   result.flops_per_step = model.flops_per_step(config.batch);
   result.peak_gflops = config.peak_gflops;
   if (result.peak_gflops == 0) {
-    // Each rank's fastest of three windows, the ranks together in each: a window in which the
-    // OS had two ranks on one core, or a neighbour took the core, reads half (one of about ten
-    // starts on a 2-core guest read 0.53 of the rest, and every prediction doubled with it).
-    double mine = 0;
-    for (int window = 0; window < 3; ++window) {
-      world.barrier();
-      mine = std::max(mine, measure_fma_peak(context.exec(), 0.1).gflops());
-    }
+    const double mine =
+        fastest_of_three_windows(world, [&] { return measure_fma_peak(context.exec(), 0.1).gflops(); });
     world.all_reduce(&mine, &result.peak_gflops, 1, parallel::DataType::float64, parallel::ReduceOp::sum);
   }
   {

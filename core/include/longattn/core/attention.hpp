@@ -98,6 +98,8 @@ struct AttentionOptions {
   // (PyTorch's allow_tf32). Off: the portable kernels, float throughout. Other types and
   // configurations ignore it.
   bool allow_tf32 = false;
+  // The tensor-core forward program of 16-bit calls at head dims 64 and 128 (attention_tiles.hpp).
+  TensorCoreForward tensor_core_forward = TensorCoreForward::automatic;
   // On a host space the kernels read the tensors they stream past a resident block (forward: K
   // and V; backward: Q and dO in the one-pass form and the dK/dV pass, K and V in the dQ pass)
   // from head-major copies ([B][H][N][D]: each head's rows together) that they take from the
@@ -546,7 +548,7 @@ void AttentionKernels<ExecSpace, S, Pattern, Tiles>::forward(const Context& cont
     using TensorCores = tensor_core::TensorCoreKernels<typename Tiles::tensor_core_launch, ExecSpace, S, Pattern>;
     if (TensorCores::take(geo.head_dim, false, opts.allow_tf32, q, k, v, o)) {
       TensorCores::forward(context, q, k, v, o, lse, geo, pattern, float(scale * log2_e<double>()),
-                           float(opts.output_scale), opts.accumulate_output);
+                           float(opts.output_scale), opts.accumulate_output, opts.tensor_core_forward);
       return;
     }
   }

@@ -20,7 +20,12 @@
 //     is not read, nor issued over data another thread read since the last barrier;
 //   - cp.async data lands only when its own thread waits: a read before the wait sees old data
 //     and is reported.
-//   - the operands of mma...tf32 are TF32 values (their 13 low bits clear: cvt.rna.tf32.f32).
+//   - the operands of mma...tf32 are TF32 values (their 13 low bits clear: cvt.rna.tf32.f32);
+//   - a value given to Warp::uniform is the same in every lane;
+//   - wgmma (warpgroup collectives of 128 threads): a wgmma.fence since the last wait, operands
+//     the same in every thread, shared memory it reads written with a fence.proxy.async of the
+//     writer since, nothing left to wait for when a thread finishes; a wgmma computes when its
+//     group is waited for, so a read of its accumulators before the wait sees old values.
 // Counters (EmulationCounters) say how many instructions of each kind ran and how many extra
 // shared-memory wavefronts ldmatrix took for bank conflicts.
 #pragma once
@@ -40,6 +45,7 @@ struct EmulationCounters {
   std::int64_t ctas = 0;
   std::int64_t mma = 0;
   std::int64_t ldmatrix = 0;
+  std::int64_t wgmma = 0;  // wgmma.mma_async (warpgroup) instructions
   std::int64_t ldmatrix_conflict_wavefronts = 0;  // wavefronts beyond one per 8 x 8 matrix
   std::int64_t cp_async = 0;
   std::int64_t shuffles = 0;
@@ -72,6 +78,7 @@ int thread();
 void sync_cta();
 void sync_warp();
 float shfl_xor(float value, int lane_mask);
+int uniform(int value);  // lane 0's; the lanes must agree (else a failure)
 void ldmatrix_x4(std::uint32_t (&r)[4], const void* row, bool trans);
 void mma(Operand type, float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0, std::uint32_t b1);
 void cp_async_16(void* shared, const void* global, bool fill);
@@ -80,6 +87,14 @@ void atomic_add_pair(float* global, float x, float y);
 float exp2(float x);
 std::uint32_t tf32(float x);
 void store_shared(void* address, const void* value, std::size_t bytes);
+std::uint32_t shared_address(const void* address);
+// a: the A registers of the thread, or nullptr for A from a_descriptor.
+void wgmma(Operand type, int n, float* d, const std::uint32_t* a, std::uint64_t a_descriptor,
+           std::uint64_t b_descriptor, bool b_transposed);
+void wgmma_fence();
+void wgmma_commit();
+void wgmma_wait(int pending);
+void fence_proxy_async();
 void load_shared(const void* address, void* value, std::size_t bytes);
 }  // namespace emulation
 
@@ -98,6 +113,9 @@ struct EmulatedWarp {
   KOKKOS_INLINE_FUNCTION static void sync_warp() { LONGATTN_EMULATED(emulation::sync_warp(), void()); }
   KOKKOS_INLINE_FUNCTION static float shfl_xor(float value, int lane_mask) {
     return LONGATTN_EMULATED(emulation::shfl_xor(value, lane_mask), (void(lane_mask), value));
+  }
+  KOKKOS_INLINE_FUNCTION static int uniform(int value) {
+    return LONGATTN_EMULATED(emulation::uniform(value), value);
   }
   KOKKOS_INLINE_FUNCTION static void ldmatrix_x4(std::uint32_t (&r)[4], const void* row) {
     LONGATTN_EMULATED(emulation::ldmatrix_x4(r, row, false), (void(r), void(row)));
@@ -143,6 +161,26 @@ struct EmulatedWarp {
     LONGATTN_EMULATED(emulation::load_shared(address, &value, sizeof(T)), static_cast<void>(address));
     return value;
   }
+  KOKKOS_INLINE_FUNCTION static std::uint32_t shared_address(const void* address) {
+    return LONGATTN_EMULATED(emulation::shared_address(address), (void(address), 0u));
+  }
+  template <Operand Type, int N>
+  KOKKOS_INLINE_FUNCTION static void wgmma(float (&d)[N / 8][4], std::uint64_t a, std::uint64_t b) {
+    LONGATTN_EMULATED(emulation::wgmma(Type, N, &d[0][0], nullptr, a, b, false), (void(d), void(a), void(b)));
+  }
+  template <Operand Type, int N>
+  KOKKOS_INLINE_FUNCTION static void wgmma(float (&d)[N / 8][4], const std::uint32_t (&a)[4], std::uint64_t b) {
+    LONGATTN_EMULATED(emulation::wgmma(Type, N, &d[0][0], a, 0, b, true), (void(d), void(a), void(b)));
+  }
+  KOKKOS_INLINE_FUNCTION static void wgmma_fence() { LONGATTN_EMULATED(emulation::wgmma_fence(), void()); }
+  KOKKOS_INLINE_FUNCTION static void wgmma_commit() { LONGATTN_EMULATED(emulation::wgmma_commit(), void()); }
+  template <int N>
+  KOKKOS_INLINE_FUNCTION static void wgmma_wait() {
+    LONGATTN_EMULATED(emulation::wgmma_wait(N), void());
+  }
+  template <int N>
+  KOKKOS_INLINE_FUNCTION static void fence_accumulators(float (&)[N][4]) {}
+  KOKKOS_INLINE_FUNCTION static void fence_proxy_async() { LONGATTN_EMULATED(emulation::fence_proxy_async(), void()); }
 };
 
 #undef LONGATTN_EMULATED

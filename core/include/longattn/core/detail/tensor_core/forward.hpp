@@ -96,27 +96,9 @@ struct ForwardProgram {
     // This lane's two queries of row tile r: row_of(r) and row_of(r) + 8.
     const auto row_of = [&](int r) { return warp_first + 16 * r + at.group; };
 
-    // The running softmax of each row: max m (log2 units), this lane's part of the sum l, O. It
-    // starts empty, or, accumulating, as the result already in (o, lse): m = lse in log2 units,
-    // l = 1 (counted by one lane of the quad), O = o / output_scale.
     float m[row_tiles][2], l[row_tiles][2], o[row_tiles][D / 8][4];
-    const float inverse_output_scale = 1.0f / args.output_scale;
     LONGATTN_WARP_UNROLL
-    for (int r = 0; r < row_tiles; ++r)
-      LONGATTN_WARP_UNROLL
-      for (int half = 0; half < 2; ++half) {
-        const int row = row_of(r) + 8 * half;
-        const float previous = args.accumulate && row < args.queries ? args.lse(b, h, row) : minus_infinity<float>();
-        const bool empty = previous == minus_infinity<float>();
-        m[r][half] = empty ? minus_infinity<float>() : previous * log2_e<float>();
-        l[r][half] = empty || at.quad_lane != 0 ? 0.0f : 1.0f;
-        const S* o_row = empty ? nullptr : args.o.row(b, row, h);
-        LONGATTN_WARP_UNROLL
-        for (int n = 0; n < D / 8; ++n)
-          LONGATTN_WARP_UNROLL
-          for (int e = 0; e < 2; ++e)
-            o[r][n][2 * half + e] = empty ? 0.0f : float(o_row[8 * n + 2 * at.quad_lane + e]) * inverse_output_scale;
-      }
+    for (int r = 0; r < row_tiles; ++r) start(b, h, row_of(r), lane, m[r], l[r], o[r]);
 
     load_tile<Warp, query_rows, D, threads>(sq, args.q.row(b, q_first, h), args.q.token_stride,
                                             min_int(args.queries - q_first, query_rows), thread);
@@ -164,6 +146,30 @@ struct ForwardProgram {
               m[r], l[r], o[r]);
   }
 
+  // The running softmax of a row tile's rows: max m (log2 units), this lane's part of the sum l,
+  // O. It starts empty, or, accumulating, as the result already in (o, lse): m = lse in log2
+  // units, l = 1 (counted by one lane of the quad), O = o / output_scale. first_row: the lane's
+  // first query (its second is 8 later).
+  KOKKOS_INLINE_FUNCTION void start(int b, int h, int first_row, int lane, float (&m)[2], float (&l)[2],
+                                    float (&o)[D / 8][4]) const {
+    const Lane at(lane);
+    const float inverse_output_scale = 1.0f / args.output_scale;
+    LONGATTN_WARP_UNROLL
+    for (int half = 0; half < 2; ++half) {
+      const int row = first_row + 8 * half;
+      const float previous = args.accumulate && row < args.queries ? args.lse(b, h, row) : minus_infinity<float>();
+      const bool empty = previous == minus_infinity<float>();
+      m[half] = empty ? minus_infinity<float>() : previous * log2_e<float>();
+      l[half] = empty || at.quad_lane != 0 ? 0.0f : 1.0f;
+      const S* o_row = empty ? nullptr : args.o.row(b, row, h);
+      LONGATTN_WARP_UNROLL
+      for (int n = 0; n < D / 8; ++n)
+        LONGATTN_WARP_UNROLL
+        for (int e = 0; e < 2; ++e)
+          o[n][2 * half + e] = empty ? 0.0f : float(o_row[8 * n + 2 * at.quad_lane + e]) * inverse_output_scale;
+    }
+  }
+
   // K or V rows of key block `block` into a tile (zeros past the sequence).
   KOKKOS_INLINE_FUNCTION void load_keys_or_values(char* tile, const Tensor<const S>& x, int b, int h, int block,
                                                   int thread) const {
@@ -207,11 +213,12 @@ struct ForwardProgram {
     }
   }
 
-  // Scores to log2 units, masked; the running max and sum move, O is rescaled, s becomes the
-  // probabilities 2^(score - max). Row `half` of the lane sees the block's keys [0, seen[half]):
-  // those inside the sequence and, causal, not after its query.
-  KOKKOS_INLINE_FUNCTION void softmax(float (&s)[L / 8][4], int k_first, int first_row, int lane, float (&m)[2],
-                                      float (&l)[2], float (&o)[D / 8][4]) const {
+  // Scores to log2 units, masked; the running max and sum move, s becomes the probabilities
+  // 2^(score - max), and alpha the factor the rows' O takes (rescale). Row `half` of the lane
+  // sees the block's keys [0, seen[half]): those inside the sequence and, causal, not after its
+  // query.
+  KOKKOS_INLINE_FUNCTION void probabilities(float (&s)[L / 8][4], int k_first, int first_row, int lane, float (&m)[2],
+                                            float (&l)[2], float (&alpha)[2]) const {
     int seen[2];
     LONGATTN_WARP_UNROLL
     for (int half = 0; half < 2; ++half) {
@@ -234,7 +241,7 @@ struct ForwardProgram {
       const float m_new = fmaxf(m[half], block_max);
       // A row with every key masked so far keeps m = -inf; subtract 0 there, not -inf.
       const float m_ref = m_new == minus_infinity<float>() ? 0.0f : m_new;
-      const float alpha = Warp::exp2(m[half] - m_ref);
+      alpha[half] = Warp::exp2(m[half] - m_ref);
       float sum = 0.0f;
       LONGATTN_WARP_UNROLL
       for (int n = 0; n < L / 8; ++n)
@@ -245,13 +252,24 @@ struct ForwardProgram {
           sum += p;
         }
       m[half] = m_new;
-      l[half] = l[half] * alpha + sum;
-      LONGATTN_WARP_UNROLL
-      for (int n = 0; n < D / 8; ++n) {
-        o[n][2 * half] *= alpha;
-        o[n][2 * half + 1] *= alpha;
-      }
+      l[half] = l[half] * alpha[half] + sum;
     }
+  }
+
+  // O's rows times their alpha.
+  KOKKOS_INLINE_FUNCTION static void rescale(float (&o)[D / 8][4], const float (&alpha)[2]) {
+    LONGATTN_WARP_UNROLL
+    for (int n = 0; n < D / 8; ++n)
+      LONGATTN_WARP_UNROLL
+      for (int i = 0; i < 4; ++i) o[n][i] *= alpha[i / 2];
+  }
+
+  // The online softmax of a block: probabilities, then O rescaled.
+  KOKKOS_INLINE_FUNCTION void softmax(float (&s)[L / 8][4], int k_first, int first_row, int lane, float (&m)[2],
+                                      float (&l)[2], float (&o)[D / 8][4]) const {
+    float alpha[2];
+    probabilities(s, k_first, first_row, lane, m, l, alpha);
+    rescale(o, alpha);
   }
 
   // O += P V: the probabilities, packed to 16 bits (or rounded to TF32) one k-step at a time, are

@@ -7,6 +7,11 @@
 //                    (cudaFuncSetAttribute; the programs take 36-216 KiB, over the 48 KiB a
 //                    kernel gets without asking, which is also all Kokkos gives a team)
 //   EmulatedLaunch   the host emulation (emulated_warp.hpp), after the instance's earlier work
+// 16-bit forward calls at head dims 64 and 128 run the warp-level program or the warpgroup one
+// (forward_warpgroup.hpp; AttentionOptions::tensor_core_forward), which runs where the device is
+// an sm_90 one (compute capability 9.0) and the translation unit that launches it compiled sm_90a
+// code: the library's CUDA kernel files (core/CMakeLists.txt defines LONGATTN_SM90A there); the
+// emulation runs it anywhere.
 // The kernels take 16-bit tensors (bfloat16, float16), and float tensors where the caller allows
 // TF32, whose head dim is contiguous, whose other strides are whole 16-byte chunks and whose data
 // start on 16 bytes (cp.async copies 16-byte chunks), head dims 64 and 128 (16-bit forward also
@@ -20,12 +25,14 @@
 #include <string>
 #include <type_traits>
 
+#include "longattn/core/attention_tiles.hpp"
 #include "longattn/core/execution_context.hpp"
 #include "longattn/core/half.hpp"
 #include "longattn/core/detail/attention_kernels.hpp"
 #include "longattn/core/detail/tensor_core/backward.hpp"
 #include "longattn/core/detail/tensor_core/emulated_warp.hpp"
 #include "longattn/core/detail/tensor_core/forward.hpp"
+#include "longattn/core/detail/tensor_core/forward_warpgroup.hpp"
 #include "longattn/core/detail/tensor_core/warp_ops.hpp"
 #include "longattn/error.hpp"
 
@@ -41,6 +48,10 @@ struct EmulatedLaunch {
   using Warp = EmulatedWarp;
   template <class ExecSpace>
   static constexpr bool runs_on = Kokkos::SpaceAccessibility<ExecSpace, Kokkos::HostSpace>::accessible;
+  template <class ExecSpace>
+  static bool warpgroup_device(const ExecSpace&) {
+    return true;
+  }
   template <class ExecSpace, class Program>
   static void run(const ExecSpace& exec, const Program& program) {
     const int ctas = program.ctas();
@@ -62,6 +73,15 @@ struct CudaLaunch {
   using Warp = CudaWarp;
   template <class ExecSpace>
   static constexpr bool runs_on = std::is_same_v<ExecSpace, Kokkos::Cuda>;
+  // Whether the instance's device runs sm_90a code: compute capability 9.0 exactly.
+  static bool warpgroup_device(const Kokkos::Cuda& exec) {
+    int major = 0, minor = 0;
+    check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, exec.cuda_device()),
+          "cudaDeviceGetAttribute(cudaDevAttrComputeCapabilityMajor)");
+    check(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, exec.cuda_device()),
+          "cudaDeviceGetAttribute(cudaDevAttrComputeCapabilityMinor)");
+    return major == 9 && minor == 0;
+  }
   template <class Program>
   static void run(const Kokkos::Cuda& exec, const Program& program) {
     const int ctas = program.ctas();
@@ -140,9 +160,21 @@ struct TensorCoreKernels {
     return (is_half_v<S> || allow_tf32) && head_dim_supported<S>(head_dim, backward) && (chunked(views) && ...);
   }
 
+  // Whether the warpgroup forward program runs for this launcher and instance. The macro is read
+  // in this class template, instantiated only by the files that launch its programs (an inline
+  // function of another class would differ between files compiled with and without it).
+  static bool warpgroup_runs(const ExecSpace& exec) {
+#ifdef LONGATTN_SM90A
+    constexpr bool sm90a_compiled = true;
+#else
+    constexpr bool sm90a_compiled = std::is_same_v<Launch, EmulatedLaunch>;
+#endif
+    return sm90a_compiled && Launch::warpgroup_device(exec);
+  }
+
   static void forward(const Context& context, const Input& q, const Input& k, const Input& v, const Output& o,
                       const Tensor3<float, ExecSpace>& lse, const AttentionGeometry& geo, const Pattern& pattern,
-                      float scale_log2, float output_scale, bool accumulate) {
+                      float scale_log2, float output_scale, bool accumulate, TensorCoreForward program) {
     ForwardArguments<S> args;
     args.q = tensor_of<const S>(q);
     args.k = tensor_of<const S>(k);
@@ -153,6 +185,21 @@ struct TensorCoreKernels {
     args.scale_log2 = scale_log2;
     args.output_scale = output_scale;
     args.accumulate = accumulate;
+    if (program == TensorCoreForward::warpgroup) {
+      require(is_half_v<S> && (geo.head_dim == 64 || geo.head_dim == 128), "longattn::attention_forward",
+              "opts.tensor_core_forward", "warpgroup",
+              "warp or automatic for this call (the warpgroup program takes 16-bit tensors at head dims 64 and 128)");
+      require(warpgroup_runs(context.exec()), "longattn::attention_forward", "opts.tensor_core_forward", "warpgroup",
+              "warp or automatic on this device (the warpgroup program runs on compute capability 9.0 from a "
+              "build with sm_90a code)");
+      if constexpr (is_half_v<S>) {
+        if (geo.head_dim == 64)
+          Launch::run(context.exec(), WarpgroupForwardProgram<Warp, S, 64, Pattern>{{args, pattern}});
+        else
+          Launch::run(context.exec(), WarpgroupForwardProgram<Warp, S, 128, Pattern>{{args, pattern}});
+      }
+      return;
+    }
     switch (geo.head_dim) {
       case 64: Launch::run(context.exec(), ForwardProgram<Warp, S, 64, Pattern>{args, pattern}); break;
       case 128: Launch::run(context.exec(), ForwardProgram<Warp, S, 128, Pattern>{args, pattern}); break;

@@ -12,6 +12,8 @@
 //   int thread()                                   the thread's index in its CTA (threadIdx.x)
 //   void sync_cta(), sync_warp()                   __syncthreads(), __syncwarp()
 //   float shfl_xor(float v, int lane_mask)         v of lane ^ lane_mask
+//   int uniform(int v)                             lane 0's v (shfl.sync.idx): a value the same in
+//                                                  every lane, which the compiler then knows
 //   void ldmatrix_x4(uint32_t (&r)[4], const void* row)        ldmatrix...x4.shared.b16
 //   void ldmatrix_x4_trans(uint32_t (&r)[4], const void* row)  ldmatrix...x4.trans.shared.b16
 //   template <Operand> void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1)
@@ -27,6 +29,22 @@
 //   template <Operand> uint32_t pack(float lo, float hi)    two values rounded to nearest, lo low
 //   uint32_t tf32(float x)                         cvt.rna.tf32.f32 (to nearest, ties away from 0)
 //   template <class T> void store_shared(void*, T), T load_shared(const void*)
+// and, for the warpgroup programs (sm_90a; warpgroup.hpp says where a warpgroup's values sit):
+//   uint32_t shared_address(const void*)           the shared-memory address of a pointer into it
+//   template <Operand, int N> void wgmma(float (&d)[N / 8][4], uint64_t a, uint64_t b)
+//                                                  d += a b, wgmma.mma_async...m64nNk16.f32, A and
+//                                                  B K-major from shared memory (descriptors)
+//   template <Operand, int N> void wgmma(float (&d)[N / 8][4], const uint32_t (&a)[4], uint64_t b)
+//                                                  the same, A from registers, B MN-major
+//                                                  (imm-trans-b 1)
+//   void wgmma_fence(), wgmma_commit()             wgmma.fence, wgmma.commit_group
+//   template <int N> void wgmma_wait()             wgmma.wait_group N: all but the N latest
+//                                                  committed groups done (every thread of the group)
+//   template <int N> void fence_accumulators(float (&d)[N][4])
+//                                                  keeps the compiler from moving accesses of
+//                                                  in-flight accumulators across the wgmma
+//                                                  instructions (CUTLASS's warpgroup_fence_operand)
+//   void fence_proxy_async()                       fence.proxy.async.shared::cta
 // fragments.hpp says where each lane's values sit.
 #pragma once
 
@@ -57,6 +75,21 @@
 namespace longattn::detail::tensor_core {
 
 #if defined(KOKKOS_ENABLE_CUDA) && defined(__CUDACC__)
+// wgmma's accumulator operands: the registers {%0, ..., %31} (or %63), d[n][i] as %(4 n + i).
+#define LONGATTN_WGMMA_D32                                                                            \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, " \
+  "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+#define LONGATTN_WGMMA_D64                                                                            \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, " \
+  "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, "  \
+  "%40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, "  \
+  "%59, %60, %61, %62, %63}"
+#define LONGATTN_WGMMA_OUT4(d, n) "+f"(d[n][0]), "+f"(d[n][1]), "+f"(d[n][2]), "+f"(d[n][3])
+#define LONGATTN_WGMMA_OUT32(d, n)                                                                   \
+  LONGATTN_WGMMA_OUT4(d, n), LONGATTN_WGMMA_OUT4(d, n + 1), LONGATTN_WGMMA_OUT4(d, n + 2),            \
+      LONGATTN_WGMMA_OUT4(d, n + 3), LONGATTN_WGMMA_OUT4(d, n + 4), LONGATTN_WGMMA_OUT4(d, n + 5),    \
+      LONGATTN_WGMMA_OUT4(d, n + 6), LONGATTN_WGMMA_OUT4(d, n + 7)
+
 // The instructions. Each body is device code only; the host pass of nvcc sees empty functions
 // that nothing calls (the kernels run only inside a __global__ function).
 struct CudaWarp {
@@ -82,6 +115,13 @@ struct CudaWarp {
     return __shfl_xor_sync(0xffffffffu, value, lane_mask);
 #else
     (void)lane_mask;
+    return value;
+#endif
+  }
+  KOKKOS_INLINE_FUNCTION static int uniform(int value) {
+#ifdef __CUDA_ARCH__
+    return __shfl_sync(0xffffffffu, value, 0);
+#else
     return value;
 #endif
   }
@@ -198,6 +238,115 @@ struct CudaWarp {
   template <class T>
   KOKKOS_INLINE_FUNCTION static T load_shared(const void* address) {
     return *static_cast<const T*>(address);
+  }
+
+  // The warpgroup instructions exist in the sm_90a compilation only (__CUDA_ARCH_FEAT_SM90_ALL);
+  // elsewhere they trap: the launcher runs the warpgroup programs only where that code was built.
+  KOKKOS_INLINE_FUNCTION static std::uint32_t shared_address(const void* address) {
+#ifdef __CUDA_ARCH__
+    return static_cast<std::uint32_t>(__cvta_generic_to_shared(address));
+#else
+    (void)address;
+    return 0;
+#endif
+  }
+  template <Operand Type, int N>
+  KOKKOS_INLINE_FUNCTION static void wgmma(float (&d)[N / 8][4], std::uint64_t a, std::uint64_t b) {
+    static_assert(Type != Operand::tf32 && (N == 64 || N == 128), "16-bit m64n64k16 and m64n128k16");
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    if constexpr (N == 64 && Type == Operand::bf16)
+      asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+                   "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " LONGATTN_WGMMA_D32 ", %32, %33, p, 1, 1, 0, 0;\n}\n"
+                   : LONGATTN_WGMMA_OUT32(d, 0)
+                   : "l"(a), "l"(b), "r"(1));
+    else if constexpr (N == 64)
+      asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+                   "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " LONGATTN_WGMMA_D32 ", %32, %33, p, 1, 1, 0, 0;\n}\n"
+                   : LONGATTN_WGMMA_OUT32(d, 0)
+                   : "l"(a), "l"(b), "r"(1));
+    else if constexpr (Type == Operand::bf16)
+      asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+                   "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " LONGATTN_WGMMA_D64 ", %64, %65, p, 1, 1, 0, 0;\n}\n"
+                   : LONGATTN_WGMMA_OUT32(d, 0), LONGATTN_WGMMA_OUT32(d, 8)
+                   : "l"(a), "l"(b), "r"(1));
+    else
+      asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+                   "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " LONGATTN_WGMMA_D64 ", %64, %65, p, 1, 1, 0, 0;\n}\n"
+                   : LONGATTN_WGMMA_OUT32(d, 0), LONGATTN_WGMMA_OUT32(d, 8)
+                   : "l"(a), "l"(b), "r"(1));
+#elif defined(__CUDA_ARCH__)
+    (void)d, (void)a, (void)b;
+    __trap();
+#else
+    (void)d, (void)a, (void)b;
+#endif
+  }
+  template <Operand Type, int N>
+  KOKKOS_INLINE_FUNCTION static void wgmma(float (&d)[N / 8][4], const std::uint32_t (&a)[4], std::uint64_t b) {
+    static_assert(Type != Operand::tf32 && (N == 64 || N == 128), "16-bit m64n64k16 and m64n128k16");
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    if constexpr (N == 64 && Type == Operand::bf16)
+      asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                   "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " LONGATTN_WGMMA_D32
+                   ", {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+                   : LONGATTN_WGMMA_OUT32(d, 0)
+                   : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+    else if constexpr (N == 64)
+      asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                   "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " LONGATTN_WGMMA_D32
+                   ", {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+                   : LONGATTN_WGMMA_OUT32(d, 0)
+                   : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+    else if constexpr (Type == Operand::bf16)
+      asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+                   "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " LONGATTN_WGMMA_D64
+                   ", {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+                   : LONGATTN_WGMMA_OUT32(d, 0), LONGATTN_WGMMA_OUT32(d, 8)
+                   : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+    else
+      asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+                   "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " LONGATTN_WGMMA_D64
+                   ", {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+                   : LONGATTN_WGMMA_OUT32(d, 0), LONGATTN_WGMMA_OUT32(d, 8)
+                   : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+#elif defined(__CUDA_ARCH__)
+    (void)d, (void)a, (void)b;
+    __trap();
+#else
+    (void)d, (void)a, (void)b;
+#endif
+  }
+  KOKKOS_INLINE_FUNCTION static void wgmma_fence() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#endif
+  }
+  KOKKOS_INLINE_FUNCTION static void wgmma_commit() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#endif
+  }
+  template <int N>
+  KOKKOS_INLINE_FUNCTION static void wgmma_wait() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+#endif
+  }
+  template <int N>
+  KOKKOS_INLINE_FUNCTION static void fence_accumulators(float (&d)[N][4]) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    LONGATTN_WARP_UNROLL
+    for (int n = 0; n < N; ++n)
+      LONGATTN_WARP_UNROLL
+      for (int i = 0; i < 4; ++i) asm volatile("" : "+f"(d[n][i])::"memory");
+#else
+    (void)d;
+#endif
+  }
+  KOKKOS_INLINE_FUNCTION static void fence_proxy_async() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
   }
 };
 #endif
