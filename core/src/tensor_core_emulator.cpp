@@ -3,7 +3,8 @@
 // for mma.m16n8k8" (.tf32) and "for mma.m16n8k16 with floating point type"; 9.7.13.4.15,
 // ldmatrix; 9.7.15, "Asynchronous Warpgroup Level Matrix Multiply-Accumulate": 9.7.15.5.1,
 // register fragments of wgmma.m64nNk16, 9.7.15.5.1.2, shared memory matrix layouts and their
-// descriptor), not taken from fragments.hpp or warpgroup.hpp.
+// descriptor; 9.7.9.25, cp.async.bulk.tensor, and 5.5.6, the tensor copies' 128-byte swizzle;
+// 9.7.13.15, mbarrier), not taken from fragments.hpp or warpgroup.hpp.
 #include "longattn/core/detail/tensor_core/emulated_warp.hpp"
 
 #include <sys/mman.h>
@@ -143,6 +144,7 @@ struct Fiber {
   const char* waiting_at = "";
   std::vector<Copy> in_flight;  // cp.async issued and not yet waited for (commit groups end at the wait)
   std::vector<std::size_t> unfenced;  // words it wrote (stores, cp.async) with no fence.proxy.async since
+  std::vector<unsigned> observed;  // per mbarrier: the phases it has seen completed (by waiting)
   void* fake_stack = nullptr;   // AddressSanitizer's, while switched out
 };
 
@@ -172,8 +174,33 @@ struct Word {
   short writer = -1;
   short reader = -1;       // a thread, or several: -2
   short reader_warp = -1;  // the readers' warp, or -2: several warps
-  short copying = -1;      // the thread whose cp.async in flight writes the word
+  short copying = -1;      // the thread whose copy in flight (cp.async or TMA) writes the word
+  bool copying_tma = false;
+  bool mbarrier = false;   // part of an mbarrier object
   short unfenced = -1;     // the thread whose write (generic proxy) no fence.proxy.async of its followed
+  short tma_barrier = -1;  // landed by a TMA copy on this mbarrier ...
+  unsigned tma_completion = 0;  // ... whose phase completion number this is
+  int wgmma_readers = 0;   // wgmma.mma_async issued and not yet run that read it
+};
+
+// An mbarrier (PTX ISA 9.7.13.15): the arrivals a phase expects, those still pending, the
+// transaction bytes announced and not yet landed, the phases completed.
+struct Mbarrier {
+  std::size_t offset = 0;
+  int arrivals = 0, pending = 0;
+  long long bytes = 0;
+  unsigned completions = 0;
+  unsigned init_epoch = 0;
+  int init_thread = 0;
+};
+
+// A cp.async.bulk.tensor in flight.
+struct TmaCopy {
+  char* tile;
+  TileMap map;
+  int coordinates[4];
+  std::size_t barrier;
+  int thread;
 };
 
 // A wgmma.mma_async issued by a warpgroup: its operands as the 128 threads gave them.
@@ -216,8 +243,11 @@ struct Cta {
   std::size_t shared_bytes = 0;
   std::vector<Fiber>* fibers = nullptr;
   std::vector<WarpState> warps;
-  std::vector<WarpgroupState> warpgroups;  // threads / 128 of them
+  std::vector<WarpgroupState> warpgroups;  // threads / 128 of them (the whole ones)
   std::vector<Word> words;
+  std::deque<Mbarrier> mbarriers;  // a deque: waiting fibers hold pointers to its elements
+  std::deque<TmaCopy> tma_in_flight;
+  bool tma_lands_late = false;  // TMA copies land when no thread can run (else at once)
   int barrier_arrived = 0;
   unsigned barrier_generation = 0;
   unsigned epoch = 0;  // completed CTA barriers
@@ -291,21 +321,33 @@ void yield(bool finishing = false) {
   finish_switch(f.fake_stack, &c.scheduler_stack, &c.scheduler_stack_size);
 }
 
+// Records the first failure of the CTA, in the name of `thread`.
+void record_failure(Cta& c, int thread, const char* format, va_list args) {
+  if (c.failed) return;
+  c.failed = true;
+  const int n =
+      std::snprintf(c.message, sizeof c.message, "longattn tensor-core emulator: CTA %d, thread %d: ", c.index, thread);
+  std::vsnprintf(c.message + n, sizeof c.message - n, format, args);
+}
+void record_failure(Cta& c, int thread, const char* format, ...) {
+  va_list args;
+  va_start(args, format);
+  record_failure(c, thread, format, args);
+  va_end(args);
+}
+
 // Records the first failure of the CTA and leaves the fiber for good (its stack holds only
 // trivially destructible values: the message lives in the CTA).
-[[noreturn]] void fail(const char* format, ...) {
-  Cta& c = cta();
-  if (!c.failed) {
-    c.failed = true;
-    const int n = std::snprintf(c.message, sizeof c.message, "longattn tensor-core emulator: CTA %d, thread %d: ",
-                                c.index, c.current->thread);
-    va_list args;
-    va_start(args, format);
-    std::vsnprintf(c.message + n, sizeof c.message - n, format, args);
-    va_end(args);
-  }
+[[noreturn]] void leave() {
   yield(true);
   std::abort();  // not reached: a failed CTA's fibers are never resumed
+}
+[[noreturn]] void fail(const char* format, ...) {
+  va_list args;
+  va_start(args, format);
+  record_failure(cta(), cta().current->thread, format, args);
+  va_end(args);
+  leave();
 }
 
 void block_until_changed(const unsigned* generation, unsigned seen, const char* what) {
@@ -330,7 +372,7 @@ std::size_t shared_offset(const void* address, std::size_t bytes, std::size_t al
 }
 
 bool ordered_in_warp(unsigned then_syncs, int other_thread, int thread) {
-  return warp_of(other_thread) == warp_of(thread) && cta().warps[warp_of(thread)].syncs != then_syncs;
+  return other_thread >= 0 && warp_of(other_thread) == warp_of(thread) && cta().warps[warp_of(thread)].syncs != then_syncs;
 }
 
 void check_read(std::size_t offset, std::size_t bytes, int thread, const char* what) {
@@ -338,14 +380,24 @@ void check_read(std::size_t offset, std::size_t bytes, int thread, const char* w
   const WarpState& warp = c.warps[warp_of(thread)];
   for (std::size_t w = offset / 4; w < (offset + bytes + 3) / 4; ++w) {
     Word& word = c.words[w];
+    if (word.mbarrier) fail("%s reads shared offset %zu, an mbarrier's", what, w * 4);
+    if (word.copying >= 0 && word.copying_tma)
+      fail("%s reads shared offset %zu, which a TMA copy of thread %d has not landed yet", what, w * 4, word.copying);
     if (word.copying >= 0)
       fail("%s reads shared offset %zu, which a cp.async of thread %d has not landed yet (no cp.async.wait%s)", what,
            w * 4, word.copying, word.copying == thread ? "" : " and barrier");
     if (word.write_epoch == never)
       fail("%s reads shared offset %zu, which nothing wrote", what, w * 4);
-    if (word.write_epoch == c.epoch && word.writer != thread && !ordered_in_warp(word.writer_syncs, word.writer, thread))
+    if (word.tma_barrier >= 0) {
+      const std::vector<unsigned>& observed = (*c.fibers)[std::size_t(thread)].observed;
+      if (observed.size() <= std::size_t(word.tma_barrier) || observed[std::size_t(word.tma_barrier)] < word.tma_completion)
+        fail("%s reads shared offset %zu, which a TMA copy landed on mbarrier %d's phase %u, not waited for by thread %d",
+             what, w * 4, int(word.tma_barrier), word.tma_completion - 1, thread);
+    } else if (word.write_epoch == c.epoch && word.writer != thread &&
+               !ordered_in_warp(word.writer_syncs, word.writer, thread)) {
       fail("%s reads shared offset %zu, written by thread %d since the last barrier: a race", what, w * 4,
            word.writer);
+    }
     if (word.read_epoch != c.epoch) {
       word.reader = short(thread);
       word.reader_warp = short(warp_of(thread));
@@ -362,8 +414,10 @@ void check_write(std::size_t offset, std::size_t bytes, int thread, const char* 
   Cta& c = cta();
   for (std::size_t w = offset / 4; w < (offset + bytes + 3) / 4; ++w) {
     Word& word = c.words[w];
+    if (word.mbarrier) fail("%s writes shared offset %zu, an mbarrier's", what, w * 4);
     if (word.copying >= 0)
-      fail("%s writes shared offset %zu, which a cp.async of thread %d in flight writes", what, w * 4, word.copying);
+      fail("%s writes shared offset %zu, which a %s of thread %d in flight writes", what, w * 4,
+           word.copying_tma ? "TMA copy" : "cp.async", word.copying);
     const bool read_by_others =
         word.read_epoch == c.epoch && word.reader != thread &&
         !(word.reader_warp == warp_of(thread) && c.warps[warp_of(thread)].syncs != word.reader_syncs);
@@ -374,8 +428,10 @@ void check_write(std::size_t offset, std::size_t bytes, int thread, const char* 
     if (word.write_epoch == c.epoch && word.writer != thread && !ordered_in_warp(word.writer_syncs, word.writer, thread))
       fail("%s writes shared offset %zu, written by thread %d since the last barrier: a race", what, w * 4,
            word.writer);
+    word.tma_barrier = -1;
     if (copy) {
       word.copying = short(thread);
+      word.copying_tma = false;
     } else {
       word.writer = short(thread);
       word.write_epoch = c.epoch;
@@ -394,6 +450,7 @@ void land_copies(Fiber& f) {
     for (std::size_t w = offset / 4; w < offset / 4 + 4; ++w) {
       Word& word = c.words[w];
       word.copying = -1;
+      word.tma_barrier = -1;
       word.writer = short(f.thread);
       word.write_epoch = c.epoch;
       word.writer_syncs = c.warps[warp_of(f.thread)].syncs;
@@ -406,6 +463,74 @@ void land_copies(Fiber& f) {
       std::memset(copy.shared, 0, 16);
   }
   f.in_flight.clear();
+}
+
+// ------------------------------------------------------------------------- mbarriers and TMA
+constexpr short copy_engine = -3;  // the writer of what a TMA copy landed
+
+void complete_phase_if_done(Mbarrier& m) {
+  if (m.pending == 0 && m.bytes == 0) {
+    ++m.completions;
+    m.pending = m.arrivals;
+  }
+}
+
+// The mbarrier at shared-memory address `address` (initialized, and visible to this thread).
+std::size_t mbarrier_index(std::uint32_t address, const char* what) {
+  Cta& c = cta();
+  const int thread = fiber().thread;
+  for (std::size_t i = 0; i < c.mbarriers.size(); ++i) {
+    const Mbarrier& m = c.mbarriers[i];
+    if (m.offset != address) continue;
+    if (m.init_thread != thread && m.init_epoch == c.epoch)
+      fail("%s uses the mbarrier at shared offset %u, initialized by thread %d with no CTA barrier since", what,
+           address, m.init_thread);
+    return i;
+  }
+  fail("%s uses shared offset %u, where no mbarrier was initialized", what, address);
+}
+
+// A TMA copy lands (PTX ISA 5.5.6, the 128-byte swizzle: byte-address bits 4-6 XOR bits 7-9): the
+// box's values (zeros outside the tensor) into its rows of 128 bytes, its bytes counted on its
+// mbarrier's phase. False, with the failure recorded, where a wgmma waiting to run reads them.
+bool land_tma(Cta& c, const TmaCopy& copy) {
+  const TileMap& map = copy.map;
+  Mbarrier& m = c.mbarriers[copy.barrier];
+  const std::size_t offset = std::size_t(copy.tile - c.shared), bytes = 128 * std::size_t(map.box_rows);
+  for (std::size_t w = offset / 4; w < (offset + bytes) / 4; ++w) {
+    Word& word = c.words[w];
+    if (word.wgmma_readers > 0) {
+      record_failure(c, copy.thread,
+                     "a TMA copy lands on shared offset %zu, which a wgmma.mma_async issued and not yet waited for reads",
+                     w * 4);
+      return false;
+    }
+    word.copying = -1;
+    word.writer = copy_engine;
+    word.write_epoch = c.epoch;
+    word.unfenced = -1;
+    word.tma_barrier = short(copy.barrier);
+    word.tma_completion = m.completions + 1;
+  }
+  const char* data = static_cast<const char*>(map.data);
+  for (int r = 0; r < map.box_rows; ++r)
+    for (int v = 0; v < panel_values; ++v) {
+      const std::int64_t at[4] = {copy.coordinates[0] + v, copy.coordinates[1] + r, copy.coordinates[2],
+                                  copy.coordinates[3]};
+      std::uint16_t value = 0;
+      bool inside = true;
+      std::int64_t source = 0;
+      for (int i = 0; i < 4; ++i) {
+        inside = inside && at[i] >= 0 && at[i] < map.extents[i];
+        source += at[i] * map.strides[i];
+      }
+      if (inside) std::memcpy(&value, data + source, 2);
+      const std::size_t linear = offset + 128 * std::size_t(r) + 2 * std::size_t(v);
+      std::memcpy(c.shared + (linear ^ ((linear >> 7 & 7u) << 4)), &value, 2);
+    }
+  m.bytes -= (long long)bytes;
+  complete_phase_if_done(m);
+  return true;
 }
 
 // ------------------------------------------------------------------------- the PTX ISA's layouts
@@ -668,6 +793,20 @@ float wgmma_shared_value(Operand type, std::size_t offset, int first_thread) {
   return type == Operand::bf16 ? bf16_value(bits) : float16_value(bits);
 }
 
+// Counts the shared-memory words a wgmma reads as read by a wgmma waiting to run: delta 1 as it is
+// issued, -1 as it runs (a TMA copy must not land on them in between).
+void count_wgmma_reads(const Wgmma& g, int delta) {
+  Cta& c = cta();
+  const auto count = [&](std::size_t offset) {
+    if (offset + 2 <= c.shared_bytes) c.words[offset / 4].wgmma_readers += delta;
+  };
+  if (!g.a_in_registers)
+    for (int row = 0; row < 64; ++row)
+      for (int k = 0; k < 16; ++k) count(operand_offset(g.a_descriptor, row, k, false));
+  for (int k = 0; k < 16; ++k)
+    for (int n = 0; n < g.n; ++n) count(operand_offset(g.b_descriptor, n, k, g.b_transposed));
+}
+
 // D = A B + D for the warpgroup: 64 x 16 A and 16 x N B gathered by the tables above, products
 // summed in double and rounded once, as execute_mma.
 void execute_wgmma(const Wgmma& g, int first_thread) {
@@ -707,8 +846,9 @@ template <class Fill, class Complete>
 void warpgroup_collective(GroupOp op, const Fill& fill, const Complete& complete) {
   Cta& c = cta();
   Fiber& f = fiber();
-  if (c.warpgroups.empty()) fail("reaches %s in a CTA of %d threads, not whole warpgroups", name(op), c.threads);
   const int group = f.thread / warpgroup_size;
+  if (std::size_t(group) >= c.warpgroups.size())
+    fail("reaches %s outside the whole warpgroups of a CTA of %d threads", name(op), c.threads);
   WarpgroupState& g = c.warpgroups[std::size_t(group)];
   if (g.arrived == 0)
     g.op = op;
@@ -734,7 +874,7 @@ void fiber_main() {
   if (c.barrier_arrived > 0) fail("finishes while %d threads wait at a CTA barrier", c.barrier_arrived);
   if (c.warps[warp_of(f.thread)].arrived > 0)
     fail("finishes while lanes of its warp wait at %s", name(c.warps[warp_of(f.thread)].op));
-  if (!c.warpgroups.empty()) {
+  if (std::size_t(f.thread / warpgroup_size) < c.warpgroups.size()) {
     const WarpgroupState& g = c.warpgroups[std::size_t(f.thread / warpgroup_size)];
     if (!g.open.empty() || !g.committed.empty())
       fail("finishes with wgmma.mma_async of its warpgroup never waited for (wgmma.wait_group)");
@@ -762,6 +902,7 @@ void run_cta(Cta& c) {
     f.wait_generation = nullptr;
     f.in_flight.clear();
     f.unfenced.clear();
+    f.observed.clear();
     f.fake_stack = nullptr;
     f.stack = stacks.get(std::size_t(t));
     unpoison(f.stack, stack_bytes);
@@ -779,6 +920,12 @@ void run_cta(Cta& c) {
       ran = true;
       if (c.failed) return;
     }
+    if (!ran && !c.tma_in_flight.empty()) {  // the copies land as late as they may: now
+      const TmaCopy copy = c.tma_in_flight.front();
+      c.tma_in_flight.pop_front();
+      if (!land_tma(c, copy)) return;
+      continue;
+    }
     if (!ran) {  // every unfinished thread waits for one that never comes
       int shown = std::snprintf(c.message, sizeof c.message,
                                 "longattn tensor-core emulator: CTA %d deadlocks; waiting:", c.index);
@@ -790,6 +937,9 @@ void run_cta(Cta& c) {
       return;
     }
   }
+  if (!c.failed && !c.tma_in_flight.empty())
+    record_failure(c, c.tma_in_flight.front().thread, "finishes with %zu TMA copies in flight, never waited for",
+                   c.tma_in_flight.size());
 }
 
 }  // namespace
@@ -814,7 +964,7 @@ void Emulator::run(const void* program, Body body, int ctas, int threads, std::s
   c.program = program;
   c.body = body;
   c.warps.resize(std::size_t(threads / warp_size));
-  c.warpgroups.resize(std::size_t(threads % warpgroup_size == 0 ? threads / warpgroup_size : 0));
+  c.warpgroups.resize(std::size_t(threads / warpgroup_size));
   active = &c;
   for (int cta = 0; cta < ctas && !c.failed; ++cta) {
     c.index = cta;
@@ -823,6 +973,9 @@ void Emulator::run(const void* program, Body body, int ctas, int threads, std::s
     c.epoch = 0;
     for (WarpState& w : c.warps) w.arrived = 0;
     for (WarpgroupState& g : c.warpgroups) g = WarpgroupState{};
+    c.mbarriers.clear();
+    c.tma_in_flight.clear();
+    c.tma_lands_late = cta % 2 == 1;
     c.words.assign((shared_bytes + 3) / 4, Word{});
     std::memset(c.shared, 0xff, allocated);
     run_cta(c);
@@ -950,6 +1103,7 @@ void wgmma(Operand type, int n, float* d, const std::uint32_t* a, std::uint64_t 
       [](WarpgroupState& g, int) {
         if (!g.fenced) fail("issues wgmma.mma_async with no wgmma.fence since its warpgroup last waited");
         g.open.push_back(g.issuing);
+        count_wgmma_reads(g.issuing, 1);
       });
 }
 
@@ -969,7 +1123,10 @@ void wgmma_wait(int pending) {
   warpgroup_collective(GroupOp::wait, [](WarpgroupState&, int) {}, [pending](WarpgroupState& g, int first_thread) {
     if (!g.open.empty()) fail("waits (wgmma.wait_group %d) with wgmma.mma_async not committed", pending);
     while (int(g.committed.size()) > pending) {
-      for (const Wgmma& w : g.committed.front()) execute_wgmma(w, first_thread);
+      for (const Wgmma& w : g.committed.front()) {
+        count_wgmma_reads(w, -1);
+        execute_wgmma(w, first_thread);
+      }
       g.committed.pop_front();
     }
     g.fenced = false;
@@ -994,6 +1151,75 @@ void load_shared(const void* address, void* value, std::size_t bytes) {
   const std::size_t offset = shared_offset(address, bytes, bytes, "a shared-memory load");
   check_read(offset, bytes, fiber().thread, "a shared-memory load");
   std::memcpy(value, address, bytes);
+}
+
+void tma_load(void* tile, const TileMap& map, int x, int token, int head, int batch, std::uint32_t barrier) {
+  Cta& c = cta();
+  Fiber& f = fiber();
+  const char* what = "cp.async.bulk.tensor";
+  if (map.box_rows < 1 || map.box_rows > 256) fail("%s with a box of %d rows (1-256)", what, map.box_rows);
+  if (map.strides[0] != 2 || reinterpret_cast<std::uintptr_t>(map.data) % 16 != 0)
+    fail("%s from a tensor map of 16-bit values not contiguous in a row, or not on 16 bytes", what);
+  for (int i = 1; i < 4; ++i)
+    if (map.strides[i] % 16 != 0 || map.extents[i] < 1)
+      fail("%s from a tensor map whose dimension %d has extent %lld, stride %lld bytes (a multiple of 16)", what, i,
+           static_cast<long long>(map.extents[i]), static_cast<long long>(map.strides[i]));
+  const std::size_t bytes = 128 * std::size_t(map.box_rows);
+  const std::size_t offset = shared_offset(tile, bytes, 128, what);
+  const std::size_t index = mbarrier_index(barrier, what);
+  for (std::size_t w = offset / 4; w < (offset + bytes) / 4; ++w) {
+    Word& word = c.words[w];
+    if (word.mbarrier) fail("%s writes shared offset %zu, an mbarrier's", what, w * 4);
+    if (word.copying >= 0)
+      fail("%s writes shared offset %zu, which a %s of thread %d in flight writes", what, w * 4,
+           word.copying_tma ? "TMA copy" : "cp.async", word.copying);
+    word.copying = short(f.thread);
+    word.copying_tma = true;
+  }
+  const TmaCopy copy{static_cast<char*>(tile), map, {x, token, head, batch}, index, f.thread};
+  ++totals.tma;
+  if (c.tma_lands_late)
+    c.tma_in_flight.push_back(copy);
+  else if (!land_tma(c, copy))
+    leave();
+}
+
+void mbarrier_init(std::uint32_t barrier, int arrivals) {
+  Cta& c = cta();
+  if (barrier % 8 != 0 || barrier + 8 > c.shared_bytes)
+    fail("mbarrier.init at shared offset %u: not 8-byte aligned inside the CTA's %zu bytes", barrier, c.shared_bytes);
+  if (arrivals < 1) fail("mbarrier.init with %d arrivals (at least 1)", arrivals);
+  for (const Mbarrier& m : c.mbarriers)
+    if (m.offset == barrier) fail("mbarrier.init at shared offset %u, an mbarrier already", barrier);
+  for (std::size_t w = barrier / 4; w < barrier / 4 + 2; ++w) c.words[w].mbarrier = true;
+  Mbarrier m;
+  m.offset = barrier;
+  m.arrivals = m.pending = arrivals;
+  m.init_epoch = c.epoch;
+  m.init_thread = fiber().thread;
+  c.mbarriers.push_back(m);
+}
+
+void mbarrier_arrive(std::uint32_t barrier, std::uint32_t expect_bytes) {
+  Mbarrier& m = cta().mbarriers[mbarrier_index(barrier, "mbarrier.arrive")];
+  if (m.pending == 0)
+    fail("arrives at the mbarrier at shared offset %u with none of its phase's %d arrivals pending", barrier,
+         m.arrivals);
+  m.bytes += expect_bytes;
+  --m.pending;
+  complete_phase_if_done(m);
+}
+
+// mbarrier.try_wait.parity: the phase of this parity completed when the current phase's parity
+// differs from it.
+void mbarrier_wait(std::uint32_t barrier, int parity) {
+  Cta& c = cta();
+  Fiber& f = fiber();
+  const std::size_t index = mbarrier_index(barrier, "mbarrier.try_wait");
+  const Mbarrier& m = c.mbarriers[index];
+  while (int(m.completions % 2) == parity % 2) block_until_changed(&m.completions, m.completions, "an mbarrier wait");
+  if (f.observed.size() <= index) f.observed.resize(index + 1, 0);
+  f.observed[index] = m.completions;
 }
 
 }  // namespace emulation

@@ -267,28 +267,45 @@ struct TileReads {
 
 namespace {
 
+// A [rows][128] matrix of 16-bit values as the copy engine's map: one token of one head each row.
+template <class S>
+tc::TileMap map_of(const Matrix<S>& m) {
+  tc::TileMap map;
+  map.data = m.stored.data();
+  const std::int64_t extents[4] = {m.columns, m.rows, 1, 1}, strides[4] = {2, 2 * std::int64_t(m.columns), 16, 16};
+  std::copy(extents, extents + 4, map.extents);
+  std::copy(strides, strides + 4, map.strides);
+  map.box_rows = m.rows;
+  return map;
+}
+
 // The products a warpgroup computes through warpgroup.hpp, 16-bit: D = A B^T (A 64 x 128 and
-// B^T 64 x 128 stored by rows in swizzled tiles: K-major descriptors, 8 k-steps over two
-// panels), then E = D V (D rounded to S as the A operand from its accumulators, V 64 x 128
-// stored by rows: MN-major descriptors, N = 128 over two panels).
+// B^T 64 x 128 stored by rows, copied by TMA into swizzled tiles: K-major descriptors, 8 k-steps
+// over two panels), then E = D V (D rounded to S as the A operand from its accumulators, V
+// 64 x 128 stored by rows: MN-major descriptors, N = 128 over two panels).
 template <class S>
 struct WarpgroupProduct {
   static constexpr int threads = tc::warpgroup_threads;
   static constexpr int tile = tc::swizzled_tile_bytes(64, 128);
-  static constexpr std::size_t shared_bytes = 3 * tile;
+  static constexpr std::size_t shared_bytes = 3 * tile + 8;
   const Matrix<S> *a, *b_transposed, *v;
   float* d;  // [64][64]
   float* e;  // [64][128]
 
   void operator()(int, char* shared) const {
     const int thread = EmulatedWarp::thread(), warp = thread / 32, lane = thread % 32;
-    tc::load_swizzled_tile<EmulatedWarp, 64, 128, threads>(shared, a->stored.data(), 128, 64, thread);
-    tc::load_swizzled_tile<EmulatedWarp, 64, 128, threads>(shared + tile, b_transposed->stored.data(), 128, 64, thread);
-    tc::load_swizzled_tile<EmulatedWarp, 64, 128, threads>(shared + 2 * tile, v->stored.data(), 128, 64, thread);
-    EmulatedWarp::cp_async_wait_all();
-    EmulatedWarp::fence_proxy_async();
+    const std::uint32_t address = EmulatedWarp::shared_address(shared), barrier = address + 3 * tile;
+    if (thread == 0) EmulatedWarp::mbarrier_init(barrier, 1);
     EmulatedWarp::sync_cta();
-    const std::uint32_t address = EmulatedWarp::shared_address(shared);
+    if (thread == 0) {
+      EmulatedWarp::mbarrier_arrive_expect_tx(barrier, 3 * tile);
+      const Matrix<S>* matrices[3] = {a, b_transposed, v};
+      for (int m = 0; m < 3; ++m)
+        for (int panel = 0; panel < 2; ++panel)
+          EmulatedWarp::tma_load(shared + m * tile + panel * tc::panel_bytes(64), map_of(*matrices[m]), 64 * panel, 0,
+                                 0, 0, barrier);
+    }
+    EmulatedWarp::mbarrier_wait(barrier, 0);
     float acc[8][4] = {};
     EmulatedWarp::wgmma_fence();
     for (int kk = 0; kk < 8; ++kk)
@@ -320,8 +337,9 @@ void check_warpgroup_products(std::mt19937_64& rng) {
   const Matrix<S> a(64, 128, rng), b_transposed(64, 128, rng), v(64, 128, rng);
   std::vector<float> d(64 * 64, -1.0f), e(64 * 128, -1.0f);
   Emulator::reset_counters();
-  Emulator::run(WarpgroupProduct<S>{&a, &b_transposed, &v, d.data(), e.data()}, 1);
-  CHECK(Emulator::counters().wgmma == 12);
+  Emulator::run(WarpgroupProduct<S>{&a, &b_transposed, &v, d.data(), e.data()}, 2);  // copies landing at once, late
+  CHECK(Emulator::counters().wgmma == 24);
+  CHECK(Emulator::counters().tma == 12);
   double worst_d = 0, worst_e = 0;
   for (int i = 0; i < 64; ++i)
     for (int j = 0; j < 64; ++j) {
@@ -346,12 +364,9 @@ TEST_CASE("tensor-core warpgroups: swizzled tiles and wgmma's descriptors give t
   INFO("seed " << longattn::test::test_seed());
   check_warpgroup_products<longattn::bfloat16>(rng);
   check_warpgroup_products<longattn::float16>(rng);
-  // Spot values of the layout: row 9's chunk 3 of a 64-row tile lands at chunk 3 ^ 1 of its row;
-  // chunk 9 (values 72-79) in the second panel. A K-major descriptor of the second panel's k-step
-  // at value 80 of a 64-row tile at 0x400: start (0x400 + 8192 + 32) >> 4, LBO 1, SBO 64, 128-byte
-  // swizzle; V's second k-step: start (0x400 + 2048) >> 4, LBO 8192 >> 4.
-  CHECK(tc::swizzled_chunk_offset(9, 3, 64) == 9 * 128 + 2 * 16);
-  CHECK(tc::swizzled_chunk_offset(9, 9, 64) == 8192 + 9 * 128 + 0);
+  // Spot values of the layout: a K-major descriptor of the second panel's k-step at value 80 of a
+  // 64-row tile at 0x400: start (0x400 + 8192 + 32) >> 4, LBO 1, SBO 64, 128-byte swizzle; V's
+  // second k-step: start (0x400 + 2048) >> 4, LBO 8192 >> 4.
   CHECK(tc::k_major_descriptor(0x400, 64, 0, 80) ==
         ((0x400u + 8192 + 32) >> 4 | std::uint64_t(1) << 16 | std::uint64_t(64) << 32 | std::uint64_t(1) << 62));
   CHECK(tc::mn_major_descriptor(0x400, 64, 16) ==
@@ -516,7 +531,9 @@ void check_attention(const Run<typename Target::Exec>& run, std::mt19937_64& rng
   CHECK((tc::launched_grids() > grids) == run.forward_on_tensor_cores);
   if (Target::emulated) {
     CHECK(Emulator::counters().ldmatrix_conflict_wavefronts == 0);  // padded tiles
-    CHECK((Emulator::counters().wgmma > 0) == (run.forward_program == longattn::TensorCoreForward::warpgroup));
+    const bool warpgroup = run.forward_program == longattn::TensorCoreForward::warpgroup;
+    CHECK((Emulator::counters().wgmma > 0) == warpgroup);
+    CHECK((Emulator::counters().tma > 0) == warpgroup);
   }
   grids = tc::launched_grids();
   Emulator::reset_counters();
@@ -842,11 +859,8 @@ struct WgmmaOrdering {
   static constexpr std::size_t shared_bytes = 2 * tile;
   Skip skip;
   void operator()(int, char* shared) const {
-    alignas(16) static const longattn::bfloat16 zeros[64 * 64] = {};
     const int thread = EmulatedWarp::thread();
-    tc::load_swizzled_tile<EmulatedWarp, 64, 64, threads>(shared, zeros, 64, 64, thread);
-    tc::load_swizzled_tile<EmulatedWarp, 64, 64, threads>(shared + tile, zeros, 64, 64, thread);
-    EmulatedWarp::cp_async_wait_all();
+    for (int word = thread; word < 2 * tile / 4; word += threads) EmulatedWarp::store_shared(shared + 4 * word, 0u);
     if (skip != Skip::proxy_fence) EmulatedWarp::fence_proxy_async();
     EmulatedWarp::sync_cta();
     const std::uint32_t address = EmulatedWarp::shared_address(shared);
@@ -869,6 +883,144 @@ TEST_CASE("the warpgroup emulation reports wgmma without its fences or its wait"
   CHECK_THROWS_WITH(Emulator::run(WgmmaOrdering{Skip::wgmma_fence}, 1),
                     Contains("issues wgmma.mma_async with no wgmma.fence"));
   CHECK_THROWS_WITH(Emulator::run(WgmmaOrdering{Skip::wait}, 1), Contains("never waited for (wgmma.wait_group)"));
+}
+
+namespace {
+
+// A tensor of 4 tokens of 64 16-bit values for the copy engine (value 64 t + v + 1 at token t,
+// value v), copied a token at a time.
+std::uint16_t tokens[4 * 64];
+tc::TileMap token_map() {
+  tc::TileMap map;
+  map.data = tokens;
+  const std::int64_t extents[4] = {64, 4, 1, 1}, strides[4] = {2, 128, 16, 16};
+  std::copy(extents, extents + 4, map.extents);
+  std::copy(strides, strides + 4, map.strides);
+  map.box_rows = 1;
+  return map;
+}
+constexpr std::uint32_t barrier_offset = 512;  // in SmallProgram's shared memory
+
+// A wgmma reading two 64 x 64 tiles that TMA brought, and a copy over the second issued before the
+// wgmma was waited for.
+struct CopyOverWgmma {
+  static constexpr int threads = tc::warpgroup_threads;
+  static constexpr int tile = tc::swizzled_tile_bytes(64, 64);
+  static constexpr std::size_t shared_bytes = 2 * tile + 8;
+  tc::TileMap map;  // 64 x 64
+  void operator()(int, char* shared) const {
+    const int thread = EmulatedWarp::thread();
+    const std::uint32_t address = EmulatedWarp::shared_address(shared), barrier = address + 2 * tile;
+    if (thread == 0) EmulatedWarp::mbarrier_init(barrier, 1);
+    EmulatedWarp::sync_cta();
+    if (thread == 0) {
+      EmulatedWarp::mbarrier_arrive_expect_tx(barrier, 2 * tile);
+      EmulatedWarp::tma_load(shared, map, 0, 0, 0, 0, barrier);
+      EmulatedWarp::tma_load(shared + tile, map, 0, 0, 0, 0, barrier);
+    }
+    EmulatedWarp::mbarrier_wait(barrier, 0);
+    float s[8][4] = {};
+    EmulatedWarp::wgmma_fence();
+    EmulatedWarp::wgmma<tc::Operand::bf16, 64>(s, tc::k_major_descriptor(address, 64, 0, 0),
+                                               tc::k_major_descriptor(address + tile, 64, 0, 0));
+    EmulatedWarp::wgmma_commit();
+    if (thread == 0) {
+      EmulatedWarp::mbarrier_arrive_expect_tx(barrier, tile);
+      EmulatedWarp::tma_load(shared + tile, map, 0, 0, 0, 0, barrier);
+    }
+    EmulatedWarp::wgmma_wait<0>();
+    EmulatedWarp::mbarrier_wait(barrier, 1);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("the emulation's TMA copies and mbarriers: boxes, swizzle and zeros; waits and arrivals checked",
+          "[core][tensor_cores][errors]") {
+  using Catch::Contains;
+  for (int i = 0; i < 4 * 64; ++i) tokens[i] = std::uint16_t(i + 1);
+  // Token 1 into the second 128-byte row of a swizzle period (its 16-byte chunks XOR 1), token 4
+  // (past the tensor) as zeros; read after the wait, in a CTA whose copies land at once and in one
+  // whose copies land as late as they may.
+  Emulator::reset_counters();
+  CHECK_NOTHROW(emulate<64>([](char* shared, int thread) {
+    if (thread == 0) EmulatedWarp::mbarrier_init(barrier_offset, 1);
+    EmulatedWarp::sync_cta();
+    if (thread == 0) {
+      EmulatedWarp::mbarrier_arrive_expect_tx(barrier_offset, 256);
+      EmulatedWarp::tma_load(shared + 128, token_map(), 0, 1, 0, 0, barrier_offset);
+      EmulatedWarp::tma_load(shared + 256, token_map(), 0, 4, 0, 0, barrier_offset);
+    }
+    EmulatedWarp::mbarrier_wait(barrier_offset, 0);
+    if (thread == 40) {
+      CHECK(EmulatedWarp::load_shared<std::uint16_t>(shared + 128 + 16) == 65);  // value 0 in chunk 1
+      CHECK(EmulatedWarp::load_shared<std::uint16_t>(shared + 128 + 2) == 74);   // value 9 in chunk 0
+      CHECK(EmulatedWarp::load_shared<std::uint16_t>(shared + 256 + 32) == 0);   // past the tensor
+    }
+  }));
+  CHECK(Emulator::counters().tma == 4);
+  CHECK_THROWS_WITH(emulate<64>([](char* shared, int thread) {  // read with no wait
+                      if (thread == 0) EmulatedWarp::mbarrier_init(barrier_offset, 1);
+                      EmulatedWarp::sync_cta();
+                      if (thread == 0) {
+                        EmulatedWarp::mbarrier_arrive_expect_tx(barrier_offset, 128);
+                        EmulatedWarp::tma_load(shared, token_map(), 0, 0, 0, 0, barrier_offset);
+                      }
+                      if (thread == 33) (void)EmulatedWarp::load_shared<std::uint16_t>(shared);
+                      EmulatedWarp::mbarrier_wait(barrier_offset, 0);
+                    }),
+                    Contains("CTA 0, thread 33: a shared-memory load reads shared offset 0, which a TMA copy landed on "
+                             "mbarrier 0's phase 0, not waited for by thread 33"));
+  CHECK_THROWS_WITH(Emulator::run(CopyOverWgmma{[] {
+                                    static longattn::bfloat16 zeros[64 * 64] = {};
+                                    tc::TileMap map = token_map();
+                                    map.data = zeros;
+                                    map.extents[1] = 64;
+                                    map.box_rows = 64;
+                                    return map;
+                                  }()},
+                                  1),
+                    Contains("a TMA copy lands on shared offset 8192, which a wgmma.mma_async issued and not yet "
+                             "waited for reads"));
+  CHECK_THROWS_WITH(emulate<32>([](char*, int) { EmulatedWarp::mbarrier_wait(barrier_offset, 0); }),
+                    Contains("mbarrier.try_wait uses shared offset 512, where no mbarrier was initialized"));
+  CHECK_THROWS_WITH(emulate<32>([](char*, int thread) {
+                      if (thread == 0) EmulatedWarp::mbarrier_init(barrier_offset, 1);
+                      EmulatedWarp::sync_warp();
+                      if (thread == 1) EmulatedWarp::mbarrier_arrive(barrier_offset);
+                    }),
+                    Contains("initialized by thread 0 with no CTA barrier since"));
+  CHECK_THROWS_WITH(emulate<32>([](char* shared, int thread) {  // two arrivals where the phase expects one
+                      if (thread == 0) EmulatedWarp::mbarrier_init(barrier_offset, 1);
+                      EmulatedWarp::sync_cta();
+                      if (thread == 0) {
+                        EmulatedWarp::mbarrier_arrive_expect_tx(barrier_offset, 128);
+                        EmulatedWarp::mbarrier_arrive(barrier_offset);
+                        EmulatedWarp::tma_load(shared, token_map(), 0, 0, 0, 0, barrier_offset);
+                      }
+                    }),
+                    Contains("arrives at the mbarrier at shared offset 512 with none of its phase's 1 arrivals pending"));
+  CHECK_THROWS_WITH(emulate<32>([](char*, int thread) {  // a phase nobody completes
+                      if (thread == 0) EmulatedWarp::mbarrier_init(barrier_offset, 1);
+                      EmulatedWarp::sync_cta();
+                      EmulatedWarp::mbarrier_wait(barrier_offset, 0);
+                    }),
+                    Contains("CTA 0 deadlocks; waiting: thread 0 at an mbarrier wait;"));
+  CHECK_THROWS_WITH(emulate<32>([](char* shared, int thread) {  // a copy never waited for
+                      if (thread == 0) EmulatedWarp::mbarrier_init(barrier_offset, 1);
+                      EmulatedWarp::sync_cta();
+                      if (thread == 0) {
+                        EmulatedWarp::mbarrier_arrive_expect_tx(barrier_offset, 128);
+                        EmulatedWarp::tma_load(shared, token_map(), 0, 0, 0, 0, barrier_offset);
+                      }
+                    }),
+                    Contains("CTA 1, thread 0: finishes with 1 TMA copies in flight, never waited for"));
+  CHECK_THROWS_WITH(emulate<32>([](char* shared, int thread) {
+                      if (thread == 0) EmulatedWarp::mbarrier_init(barrier_offset, 1);
+                      EmulatedWarp::sync_cta();
+                      if (thread == 0) EmulatedWarp::tma_load(shared + 64, token_map(), 0, 0, 0, 0, barrier_offset);
+                    }),
+                    Contains("cp.async.bulk.tensor at shared offset 64 is not aligned to 128 bytes"));
 }
 
 TEST_CASE("tensor cores: a deterministic one-pass backward is refused", "[core][tensor_cores][errors]") {

@@ -22,6 +22,14 @@
 //     and is reported.
 //   - the operands of mma...tf32 are TF32 values (their 13 low bits clear: cvt.rna.tf32.f32);
 //   - a value given to Warp::uniform is the same in every lane;
+//   - mbarriers: initialized (8-byte aligned) before use and, by another thread, a CTA barrier
+//     after; no more arrivals in a phase than it expects;
+//   - TMA copies (cp.async.bulk.tensor): the box inside shared memory, 128-byte aligned; its bytes
+//     land on the copy's mbarrier phase; nothing reads or writes them while the copy is in flight
+//     (nor does a wgmma waiting to run read them as it lands); a thread reads them only after
+//     waiting for that phase. Copies land at once in even CTAs and as late as possible (when no
+//     thread can run) in odd ones: both are what a GPU may do, and a program that misses a wait
+//     (full or empty) reads the wrong data in one of them;
 //   - wgmma (warpgroup collectives of 128 threads): a wgmma.fence since the last wait, operands
 //     the same in every thread, shared memory it reads written with a fence.proxy.async of the
 //     writer since, nothing left to wait for when a thread finishes; a wgmma computes when its
@@ -37,6 +45,7 @@
 #include <type_traits>
 
 #include "longattn/core/detail/tensor_core/fragments.hpp"
+#include "longattn/core/detail/tensor_core/warpgroup.hpp"
 #include "longattn/core/half.hpp"
 
 namespace longattn::detail::tensor_core {
@@ -46,6 +55,7 @@ struct EmulationCounters {
   std::int64_t mma = 0;
   std::int64_t ldmatrix = 0;
   std::int64_t wgmma = 0;  // wgmma.mma_async (warpgroup) instructions
+  std::int64_t tma = 0;    // cp.async.bulk.tensor copies
   std::int64_t ldmatrix_conflict_wavefronts = 0;  // wavefronts beyond one per 8 x 8 matrix
   std::int64_t cp_async = 0;
   std::int64_t shuffles = 0;
@@ -96,6 +106,10 @@ void wgmma_commit();
 void wgmma_wait(int pending);
 void fence_proxy_async();
 void load_shared(const void* address, void* value, std::size_t bytes);
+void tma_load(void* tile, const TileMap& map, int x, int token, int head, int batch, std::uint32_t barrier);
+void mbarrier_init(std::uint32_t barrier, int arrivals);
+void mbarrier_arrive(std::uint32_t barrier, std::uint32_t expect_bytes);
+void mbarrier_wait(std::uint32_t barrier, int parity);
 }  // namespace emulation
 
 // EMULATED(host call, device value): the programs are host and device code (nvcc checks that such
@@ -181,6 +195,25 @@ struct EmulatedWarp {
   template <int N>
   KOKKOS_INLINE_FUNCTION static void fence_accumulators(float (&)[N][4]) {}
   KOKKOS_INLINE_FUNCTION static void fence_proxy_async() { LONGATTN_EMULATED(emulation::fence_proxy_async(), void()); }
+  using TensorMap = TileMap;
+  KOKKOS_INLINE_FUNCTION static void tma_load(void* tile, const TensorMap& map, int x, int token, int head, int batch,
+                                              std::uint32_t barrier) {
+    LONGATTN_EMULATED(emulation::tma_load(tile, map, x, token, head, batch, barrier),
+                      (void(tile), void(map), void(x), void(token), void(head), void(batch), void(barrier)));
+  }
+  KOKKOS_INLINE_FUNCTION static void mbarrier_init(std::uint32_t barrier, int arrivals) {
+    LONGATTN_EMULATED(emulation::mbarrier_init(barrier, arrivals), (void(barrier), void(arrivals)));
+  }
+  KOKKOS_INLINE_FUNCTION static void fence_barrier_init() {}
+  KOKKOS_INLINE_FUNCTION static void mbarrier_arrive(std::uint32_t barrier) {
+    LONGATTN_EMULATED(emulation::mbarrier_arrive(barrier, 0), static_cast<void>(barrier));
+  }
+  KOKKOS_INLINE_FUNCTION static void mbarrier_arrive_expect_tx(std::uint32_t barrier, std::uint32_t bytes) {
+    LONGATTN_EMULATED(emulation::mbarrier_arrive(barrier, bytes), (void(barrier), void(bytes)));
+  }
+  KOKKOS_INLINE_FUNCTION static void mbarrier_wait(std::uint32_t barrier, int parity) {
+    LONGATTN_EMULATED(emulation::mbarrier_wait(barrier, parity), (void(barrier), void(parity)));
+  }
 };
 
 #undef LONGATTN_EMULATED

@@ -1,30 +1,37 @@
 // The forward pass on Hopper's warpgroup tensor-core instructions (wgmma, sm_90a), 16-bit at head
-// dims 64 and 128: FlashAttention-3's products (S = Q K^T with both operands from shared memory,
-// O += P V with the probabilities from registers and V read transposed by its descriptor) on the
-// warp-level program's grid, softmax and epilogue (forward.hpp), whose row tiles hold the same
-// accumulator layout (warpgroup.hpp). One CTA per (batch, head, pair of 64-query blocks):
+// dims 64 and 128, in FlashAttention-3's structure: a producer warp brings the tiles by the tensor
+// copy engine (TMA) on mbarriers, two consumer warpgroups compute (S = Q K^T with both operands
+// from shared memory, O += P V with the probabilities from registers and V read transposed by its
+// descriptor) on the warp-level program's softmax and epilogue (forward.hpp), whose row tiles hold
+// the same accumulator layout (warpgroup.hpp). One CTA per (batch, head, pair of 64-query blocks):
 //
-//   CTA     2 warpgroups (256 threads); warpgroup g the pair's query block g, its warp w the rows
-//           16 w .. 16 w + 15 of that block (one row tile, as the warp-level program's)
-//   shared  Q [128][D], and three stages of K [64][D] and V [64][D], 128-byte-swizzled panels on a
-//           1024-byte boundary (warpgroup.hpp): D = 64: 65 KiB, 128: 129 KiB with the alignment
-//   loop    over the union of the two query blocks' key blocks j (stage j % 3), the copies of
-//           block j + 1 landing while j's products run, and block j - 1's O += P V running while
-//           j's softmax does (FlashAttention-3's overlap inside a warpgroup):
-//             wait; fence.proxy.async; barrier     (stage j landed; stage j + 1 is free: its
-//                                                   block's products were waited for at j - 1)
-//             cp.async block j + 1's K, V into stage j + 1
-//             issue S_j = Q K_j^T    D / 16 x wgmma m64n64k16: A = Q, B = K, K-major descriptors
-//             issue O += P_{j-1} V_{j-1}   4 x wgmma m64nDk16: A = P_{j-1} (registers), B = V as
+//   CTA      2 consumer warpgroups (256 threads): warpgroup g the pair's query block g, its warp w
+//            the rows 16 w .. 16 w + 15 of that block (one row tile, as the warp-level program's);
+//            then 1 producer warp (32 threads), whose lane 0 issues every copy
+//   shared   Q [128][D], and three stages of K [64][D] and V [64][D], 128-byte-swizzled panels on
+//            a 1024-byte boundary (warpgroup.hpp); 7 mbarriers: Q's, and each stage's full (1
+//            arrival: the producer's, with the stage's bytes) and empty (2: a thread of each
+//            consumer warpgroup). D = 64: 65 KiB, 128: 129 KiB with the alignment
+//   producer Q (D / 64 copies of 128 rows); then for the i-th key block of the union of the two
+//            query blocks' key blocks, into stage i % 3: wait until the stage is empty (its phase
+//            i / 3 - 1, from i = 3 on), announce K's and V's bytes on its full barrier, 2 D / 64
+//            copies of 64 rows
+//   consumer wait for Q; for each key block i (block j): wait until stage i % 3 is full (phase
+//            i / 3), then
+//              issue S_j = Q K_j^T     D / 16 x wgmma m64n64k16: A = Q, B = K, K-major descriptors
+//              issue O += P_{j-1} V_{j-1}  4 x wgmma m64nDk16: A = P_{j-1} (registers), B = V as
 //                                          an MN-major descriptor (imm-trans-b)
-//             wait for S_j; scale, mask, online softmax (forward.hpp), P_j packed to 16 bits
-//             wait for P_{j-1} V_{j-1}; O rescaled for block j
-//           a warpgroup whose query block skips block j issues and waits for its pending P V
-//   end     the last P V; O / l staged through the free K and V stages (the warp-level
-//           epilogue), LSE
+//              wait for S_j; scale, mask, online softmax (forward.hpp), P_j packed to 16 bits
+//              wait for P_{j-1} V_{j-1}; O rescaled for block j; block j - 1's stage released
+//            (block j - 1's O += P V runs while j's softmax does: FlashAttention-3's overlap
+//            inside a warpgroup); a warpgroup whose query block skips block j finishes its pending
+//            P V and releases both stages
+//   end      the last P V; a CTA barrier; O / l staged through the K and V stages (the warp-level
+//            epilogue), LSE
 //
-// Per thread: S 32 floats, O D / 2, P 16 registers. Not yet: TMA copies on mbarriers, a producer
-// warpgroup, and the two consumer warpgroups' products taking turns (FlashAttention-3's ping-pong).
+// Per consumer thread: S 32 floats, O D / 2, P 16 registers. Not yet: the two consumer warpgroups'
+// products taking turns (FlashAttention-3's ping-pong), registers moved from the producer to the
+// consumers (setmaxnreg).
 #pragma once
 
 #include <Kokkos_Core.hpp>
@@ -42,25 +49,40 @@ template <class Warp, class S, int D, class Pattern>
 struct WarpgroupForwardProgram {
   static_assert(sizeof(S) == 2 && (D == 64 || D == 128), "16-bit, head dims 64 and 128");
   using RowTiles = ForwardProgram<Warp, S, D, Pattern>;  // its softmax and epilogue
+  using TensorMap = typename Warp::TensorMap;
   static constexpr int L = block_tokens;
-  static constexpr int query_rows = 2 * L, warpgroups = 2, threads = warpgroup_threads * warpgroups;
+  static constexpr int consumers = 2, query_rows = consumers * L;
+  static constexpr int producer = consumers * warpgroup_threads;  // the producer warp's lane 0
+  static constexpr int threads = producer + 32;
   static constexpr int stages = 3;
-  // D = 64: two CTAs an SM; D = 128 one.
-  static constexpr int min_ctas_per_sm = D == 64 ? 2 : 1;
+  // One CTA an SM: two of 288 threads would leave 96 registers a thread (D = 64 spills there).
+  static constexpr int min_ctas_per_sm = 1;
   static constexpr std::size_t q_bytes = swizzled_tile_bytes(query_rows, D), kv_bytes = swizzled_tile_bytes(L, D);
   static constexpr std::size_t stage_bytes = 2 * kv_bytes;  // K, then V
-  static constexpr std::size_t shared_bytes = swizzle_bytes + q_bytes + stages * stage_bytes;
+  static constexpr std::size_t barriers_bytes = 8 * (1 + 2 * stages);
+  static constexpr std::size_t shared_bytes = swizzle_bytes + q_bytes + stages * stage_bytes + barriers_bytes;
   static_assert(shared_bytes <= max_shared_bytes, "the tiles fit an H100's shared memory");
-  static_assert(warpgroups * 4 * tile_bytes<S>(16, D) <= stages * stage_bytes, "the epilogue stages in K and V");
+  static_assert(consumers * 4 * tile_bytes<S>(16, D) <= stages * stage_bytes, "the epilogue stages in K and V");
 
   RowTiles rows;
+  TensorMap q_map, k_map, v_map;  // boxes of query_rows (Q) and L (K, V) rows
 
   int ctas() const { return rows.ctas(); }
 
-  // The probabilities of a block as the A operands of O += P V's k-steps, and the V they multiply.
+  // The mbarriers, by shared-memory address: Q's, then each stage's full and empty.
+  struct Barriers {
+    std::uint32_t first;
+    KOKKOS_INLINE_FUNCTION std::uint32_t query() const { return first; }
+    KOKKOS_INLINE_FUNCTION std::uint32_t full(int stage) const { return first + 8 * (1 + stage); }
+    KOKKOS_INLINE_FUNCTION std::uint32_t empty(int stage) const { return first + 8 * (1 + stages + stage); }
+  };
+
+  // The probabilities of a block as the A operands of O += P V's k-steps, the V they multiply and
+  // its stage.
   struct PendingProduct {
     std::uint32_t p[L / 16][4];
     std::uint32_t v_address;
+    int stage = 0;
     bool pending = false;
   };
 
@@ -82,86 +104,104 @@ struct WarpgroupForwardProgram {
     // The swizzle is a function of the shared-memory address: the tiles start on its period.
     char* const sq = shared + (swizzle_bytes - Warp::shared_address(shared) % swizzle_bytes) % swizzle_bytes;
     char* const skv = sq + q_bytes;  // stage t: K at skv + t stage_bytes, V after it
-    const std::uint32_t q_address = Warp::shared_address(sq), kv_address = Warp::shared_address(skv);
+    const Barriers barriers{Warp::shared_address(skv + stages * stage_bytes)};
+    if (thread == 0) {
+      Warp::mbarrier_init(barriers.query(), 1);
+      for (int t = 0; t < stages; ++t) {
+        Warp::mbarrier_init(barriers.full(t), 1);
+        Warp::mbarrier_init(barriers.empty(t), consumers);
+      }
+      Warp::fence_barrier_init();
+    }
+    Warp::sync_cta();
+    if (group == consumers) {
+      if (lane == 0) produce(visits, b, h, q_first, sq, skv, barriers);
+      Warp::sync_cta();  // the consumers' epilogue
+      return;
+    }
 
+    const std::uint32_t q_address = Warp::shared_address(sq), kv_address = Warp::shared_address(skv);
     const int tile_first = q_first + L * group + 16 * (warp % 4);  // the warp's first query
     const int first_row = tile_first + Lane(lane).group;           // the lane's (and 8 later)
     const bool has_rows = q_first + L * group < args.queries;      // the same for the warpgroup
     float m[2], l[2], o[D / 8][4];
     rows.start(b, h, first_row, lane, m, l, o);
     PendingProduct previous;
-
-    load_swizzled_tile<Warp, query_rows, D, threads>(sq, args.q.row(b, q_first, h), args.q.token_stride,
-                                                     min_int(args.queries - q_first, query_rows), thread);
-    int block = 0, stage = 0;
+    Warp::mbarrier_wait(barriers.query(), 0);
+    int block = 0;
     bool in_first = false, in_second = false;
-    bool more = Warp::uniform(visits.next(block, in_first, in_second));
-    if (more) load_keys_and_values(skv, block, b, h, thread);
-    Warp::cp_async_commit();
-    while (more) {
+    for (int i = 0; Warp::uniform(visits.next(block, in_first, in_second)); ++i) {
+      const int stage = i % stages;
       const bool mine = Warp::uniform(has_rows && (group == 0 ? in_first : in_second));
-      Warp::cp_async_wait_all();
-      Warp::fence_proxy_async();  // the copies (generic proxy) before wgmma reads them (async proxy)
-      Warp::sync_cta();           // this stage landed; every warpgroup is done with the next one
-      int next_block = 0;
-      bool next_first = false, next_second = false;
-      const bool next = Warp::uniform(visits.next(next_block, next_first, next_second));
-      const int next_stage = stage == stages - 1 ? 0 : stage + 1;
-      if (next) load_keys_and_values(skv + next_stage * stage_bytes, next_block, b, h, thread);
-      Warp::cp_async_commit();
-      const std::uint32_t k_address = kv_address + std::uint32_t(stage * stage_bytes);
-      if (mine) {
-        float s[L / 8][4];
-        LONGATTN_WARP_UNROLL
-        for (int n = 0; n < L / 8; ++n)
-          LONGATTN_WARP_UNROLL
-          for (int i = 0; i < 4; ++i) s[n][i] = 0.0f;
-        Warp::fence_accumulators(s);
-        Warp::fence_accumulators(o);
-        Warp::wgmma_fence();  // s, o and the probabilities were written by ordinary instructions
-        issue_scores(q_address, k_address, group, s);
-        Warp::wgmma_commit();
-        issue_probabilities_times_values(previous, o);
-        if (previous.pending) {
-          Warp::wgmma_commit();
-          Warp::template wgmma_wait<1>();  // S_j; P_{j-1} V_{j-1} may still run
-        } else {
-          Warp::template wgmma_wait<0>();
-        }
-        Warp::fence_accumulators(s);
-        float alpha[2];
-        rows.probabilities(s, block * L, first_row, lane, m, l, alpha);
-        Warp::template wgmma_wait<0>();
-        Warp::fence_accumulators(o);
-        RowTiles::rescale(o, alpha);
-        LONGATTN_WARP_UNROLL
-        for (int kk = 0; kk < L / 16; ++kk) a_from_accumulators<Warp, S>(s, kk, previous.p[kk]);
-        previous.v_address = k_address + std::uint32_t(kv_bytes);
-        previous.pending = true;
-      } else {
-        finish_probabilities_times_values(previous, o);  // its V's stage is the next one's copies
+      Warp::mbarrier_wait(barriers.full(stage), i / stages % 2);
+      if (!mine) {
+        finish_probabilities_times_values(previous, o, barriers);
+        release(stage, barriers);
+        continue;
       }
-      stage = next_stage;
-      block = next_block;
-      in_first = next_first;
-      in_second = next_second;
-      more = next;
+      const std::uint32_t k_address = kv_address + std::uint32_t(stage * stage_bytes);
+      float s[L / 8][4];
+      LONGATTN_WARP_UNROLL
+      for (int n = 0; n < L / 8; ++n)
+        LONGATTN_WARP_UNROLL
+        for (int r = 0; r < 4; ++r) s[n][r] = 0.0f;
+      Warp::fence_accumulators(s);
+      Warp::fence_accumulators(o);
+      Warp::wgmma_fence();  // s, o and the probabilities were written by ordinary instructions
+      issue_scores(q_address, k_address, group, s);
+      Warp::wgmma_commit();
+      issue_probabilities_times_values(previous, o);
+      Warp::wgmma_commit();  // an empty group where nothing is pending
+      Warp::template wgmma_wait<1>();  // S_j; P_{j-1} V_{j-1} may still run
+      Warp::fence_accumulators(s);
+      float alpha[2];
+      rows.probabilities(s, block * L, first_row, lane, m, l, alpha);
+      Warp::template wgmma_wait<0>();
+      Warp::fence_accumulators(o);
+      RowTiles::rescale(o, alpha);
+      if (previous.pending) release(previous.stage, barriers);
+      LONGATTN_WARP_UNROLL
+      for (int kk = 0; kk < L / 16; ++kk) a_from_accumulators<Warp, S>(s, kk, previous.p[kk]);
+      previous.v_address = k_address + std::uint32_t(kv_bytes);
+      previous.stage = stage;
+      previous.pending = true;
     }
-    finish_probabilities_times_values(previous, o);
-    Warp::cp_async_wait_all();
-    Warp::sync_cta();  // every product is done with K and V: their stages hold the epilogue's rows
+    finish_probabilities_times_values(previous, o, barriers);
+    Warp::sync_cta();  // every copy landed and every product is done: K's and V's stages hold the epilogue's rows
     if (tile_first < args.queries)
       rows.store(skv + tile_bytes<S>(16, D) * warp, b, h, tile_first, first_row, lane, m, l, o);
   }
 
-  // K and V rows of key block `block` into the stage at `tile` (zeros past the sequence).
-  KOKKOS_INLINE_FUNCTION void load_keys_and_values(char* tile, int block, int b, int h, int thread) const {
-    const ForwardArguments<S>& args = rows.args;
-    const std::int64_t first = std::int64_t(block) * L;
-    const int count = min_int(args.keys - first, L);
-    load_swizzled_tile<Warp, L, D, threads>(tile, args.k.row(b, first, h), args.k.token_stride, count, thread);
-    load_swizzled_tile<Warp, L, D, threads>(tile + kv_bytes, args.v.row(b, first, h), args.v.token_stride, count,
-                                            thread);
+  // The producer (one thread): Q, then the K and V of every key block the pair visits, each stage
+  // refilled once both consumer warpgroups released it.
+  KOKKOS_INLINE_FUNCTION void produce(BlockUnion visits, int b, int h, int q_first, char* sq, char* skv,
+                                      const Barriers& barriers) const {
+    Warp::mbarrier_arrive_expect_tx(barriers.query(), std::uint32_t(q_bytes));
+    LONGATTN_WARP_UNROLL
+    for (int panel = 0; panel < D / panel_values; ++panel)
+      Warp::tma_load(sq + panel * panel_bytes(query_rows), q_map, panel * panel_values, q_first, h, b,
+                     barriers.query());
+    int block = 0;
+    bool in_first = false, in_second = false;
+    for (int i = 0; visits.next(block, in_first, in_second); ++i) {
+      const int stage = i % stages;
+      if (i >= stages) Warp::mbarrier_wait(barriers.empty(stage), (i / stages - 1) % 2);
+      char* const k_tile = skv + stage * stage_bytes;
+      Warp::mbarrier_arrive_expect_tx(barriers.full(stage), std::uint32_t(stage_bytes));
+      LONGATTN_WARP_UNROLL
+      for (int panel = 0; panel < D / panel_values; ++panel) {
+        Warp::tma_load(k_tile + panel * panel_bytes(L), k_map, panel * panel_values, block * L, h, b,
+                       barriers.full(stage));
+        Warp::tma_load(k_tile + kv_bytes + panel * panel_bytes(L), v_map, panel * panel_values, block * L, h, b,
+                       barriers.full(stage));
+      }
+    }
+  }
+
+  // A consumer warpgroup is done with a stage: one of its threads arrives on the stage's empty
+  // barrier (after the warpgroup's wait for the products that read it).
+  KOKKOS_INLINE_FUNCTION static void release(int stage, const Barriers& barriers) {
+    if (Warp::thread() % warpgroup_threads == 0) Warp::mbarrier_arrive(barriers.empty(stage));
   }
 
   // s += Q K^T for the warpgroup's 64 queries and the stage's 64 keys (issued, not waited for).
@@ -183,9 +223,9 @@ struct WarpgroupForwardProgram {
       Warp::template wgmma<operand_of<S>, D>(o, previous.p[kk], mn_major_descriptor(previous.v_address, L, 16 * kk));
   }
 
-  // The pending O += P V issued and waited for.
-  KOKKOS_INLINE_FUNCTION static void finish_probabilities_times_values(PendingProduct& previous,
-                                                                       float (&o)[D / 8][4]) {
+  // The pending O += P V issued and waited for, its stage released.
+  KOKKOS_INLINE_FUNCTION static void finish_probabilities_times_values(PendingProduct& previous, float (&o)[D / 8][4],
+                                                                       const Barriers& barriers) {
     if (!previous.pending) return;
     Warp::fence_accumulators(o);
     Warp::wgmma_fence();
@@ -193,6 +233,7 @@ struct WarpgroupForwardProgram {
     Warp::wgmma_commit();
     Warp::template wgmma_wait<0>();
     Warp::fence_accumulators(o);
+    release(previous.stage, barriers);
     previous.pending = false;
   }
 };

@@ -7,6 +7,10 @@
 //                    (cudaFuncSetAttribute; the programs take 36-216 KiB, over the 48 KiB a
 //                    kernel gets without asking, which is also all Kokkos gives a team)
 //   EmulatedLaunch   the host emulation (emulated_warp.hpp), after the instance's earlier work
+// The program is the kernel's parameter (__grid_constant__: the tensor maps that the copy engine
+// reads are the parameter's own bytes), and a launcher turns a TileMap (warpgroup.hpp) into its
+// warp's tensor map: CudaLaunch by the driver's cuTensorMapEncodeTiled (found through the runtime's
+// driver entry points: no link to the driver library), the emulation as it is.
 // 16-bit forward calls at head dims 64 and 128 run the warp-level program or the warpgroup one
 // (forward_warpgroup.hpp; AttentionOptions::tensor_core_forward), which runs where the device is
 // an sm_90 one (compute capability 9.0) and the translation unit that launches it compiled sm_90a
@@ -34,7 +38,12 @@
 #include "longattn/core/detail/tensor_core/forward.hpp"
 #include "longattn/core/detail/tensor_core/forward_warpgroup.hpp"
 #include "longattn/core/detail/tensor_core/warp_ops.hpp"
+#include "longattn/core/detail/tensor_core/warpgroup.hpp"
 #include "longattn/error.hpp"
+
+#if defined(KOKKOS_ENABLE_CUDA) && defined(__CUDACC__)
+#include <cudaTypedefs.h>
+#endif
 
 namespace longattn::detail::tensor_core {
 
@@ -52,6 +61,7 @@ struct EmulatedLaunch {
   static bool warpgroup_device(const ExecSpace&) {
     return true;
   }
+  static TileMap tensor_map(const TileMap& map) { return map; }
   template <class ExecSpace, class Program>
   static void run(const ExecSpace& exec, const Program& program) {
     const int ctas = program.ctas();
@@ -64,7 +74,8 @@ struct EmulatedLaunch {
 
 #if defined(KOKKOS_ENABLE_CUDA) && defined(__CUDACC__)
 template <class Program>
-__global__ void __launch_bounds__(Program::threads, Program::min_ctas_per_sm) run_program(const Program program) {
+__global__ void __launch_bounds__(Program::threads, Program::min_ctas_per_sm)
+    run_program(const __grid_constant__ Program program) {
   extern __shared__ __align__(128) char shared[];
   program(int(blockIdx.x), shared);
 }
@@ -81,6 +92,36 @@ struct CudaLaunch {
     check(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, exec.cuda_device()),
           "cudaDeviceGetAttribute(cudaDevAttrComputeCapabilityMinor)");
     return major == 9 && minor == 0;
+  }
+  static CUtensorMap tensor_map(const TileMap& map) {
+    static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+      void* function = nullptr;
+      cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+#if CUDART_VERSION >= 12050
+      check(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &function, 12000, cudaEnableDefault, &found),
+            "cudaGetDriverEntryPointByVersion(cuTensorMapEncodeTiled)");
+#else  // CUDA 12.0-12.4
+      check(cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &function, cudaEnableDefault, &found),
+            "cudaGetDriverEntryPoint(cuTensorMapEncodeTiled)");
+#endif
+      if (found != cudaDriverEntryPointSuccess)
+        throw Error("longattn attention (tensor cores): the CUDA driver has no cuTensorMapEncodeTiled (12.0 or later)");
+      return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(function);
+    }();
+    CUtensorMap encoded;
+    const cuuint64_t extents[4] = {cuuint64_t(map.extents[0]), cuuint64_t(map.extents[1]), cuuint64_t(map.extents[2]),
+                                   cuuint64_t(map.extents[3])};
+    const cuuint64_t strides[3] = {cuuint64_t(map.strides[1]), cuuint64_t(map.strides[2]), cuuint64_t(map.strides[3])};
+    const cuuint32_t box[4] = {cuuint32_t(panel_values), cuuint32_t(map.box_rows), 1, 1};
+    const cuuint32_t element_strides[4] = {1, 1, 1, 1};
+    const CUresult status = encode(&encoded, CU_TENSOR_MAP_DATA_TYPE_UINT16, 4, const_cast<void*>(map.data), extents,
+                                   strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                   CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                                   CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (status != CUDA_SUCCESS)
+      throw Error("longattn attention (tensor cores): cuTensorMapEncodeTiled failed with CUresult " +
+                  std::to_string(int(status)));
+    return encoded;
   }
   template <class Program>
   static void run(const Kokkos::Cuda& exec, const Program& program) {
@@ -115,6 +156,24 @@ bool chunked(const View& x) {
   for (int r = 0; r < 3; ++r)
     if (x.extent(r) > 1 && x.stride(r) % values != 0) return false;
   return x.stride(3) == 1 && reinterpret_cast<std::uintptr_t>(x.data()) % 16 == 0;
+}
+
+// A [B][N][H][D] 16-bit view as the copy engine's TileMap, boxes of box_rows tokens (the strides of
+// dimensions of extent 1, which no copy steps along, set to 16 bytes: the engine takes multiples
+// of 16 only).
+template <class View>
+TileMap tile_map_of(const View& x, int box_rows) {
+  static_assert(sizeof(typename View::value_type) == 2, "16-bit tensors");
+  TileMap map;
+  map.data = x.data();
+  const int dimension_of[4] = {3, 1, 2, 0};  // D, tokens, heads, batch
+  for (int i = 0; i < 4; ++i) {
+    const int r = dimension_of[i];
+    map.extents[i] = std::int64_t(x.extent(r));
+    map.strides[i] = i == 0 ? 2 : x.extent(r) > 1 ? 2 * std::int64_t(x.stride(r)) : 16;
+  }
+  map.box_rows = box_rows;
+  return map;
 }
 
 template <class S, class View>
@@ -194,9 +253,9 @@ struct TensorCoreKernels {
               "build with sm_90a code)");
       if constexpr (is_half_v<S>) {
         if (geo.head_dim == 64)
-          Launch::run(context.exec(), WarpgroupForwardProgram<Warp, S, 64, Pattern>{{args, pattern}});
+          run_warpgroup_forward<64>(context.exec(), args, pattern, q, k, v);
         else
-          Launch::run(context.exec(), WarpgroupForwardProgram<Warp, S, 128, Pattern>{{args, pattern}});
+          run_warpgroup_forward<128>(context.exec(), args, pattern, q, k, v);
       }
       return;
     }
@@ -245,6 +304,16 @@ struct TensorCoreKernels {
   }
 
  private:
+  template <int D>
+  static void run_warpgroup_forward(const ExecSpace& exec, const ForwardArguments<S>& args, const Pattern& pattern,
+                                    const Input& q, const Input& k, const Input& v) {
+    using Program = WarpgroupForwardProgram<Warp, S, D, Pattern>;
+    Launch::run(exec, Program{{args, pattern},
+                              Launch::tensor_map(tile_map_of(q, Program::query_rows)),
+                              Launch::tensor_map(tile_map_of(k, block_tokens)),
+                              Launch::tensor_map(tile_map_of(v, block_tokens))});
+  }
+
   template <int D>
   static void backward_programs(const Context& context, BackwardArguments<S>& args, const Output& dq,
                                 const AttentionGeometry& geo, const Pattern& pattern, BackwardChoice choice) {

@@ -45,6 +45,22 @@
 //                                                  in-flight accumulators across the wgmma
 //                                                  instructions (CUTLASS's warpgroup_fence_operand)
 //   void fence_proxy_async()                       fence.proxy.async.shared::cta
+//   TensorMap                                      the copy engine's tensor map (CUtensorMap; the
+//                                                  emulation's: TileMap, warpgroup.hpp)
+//   void tma_load(void* tile, const TensorMap& map, int x, int token, int head, int batch,
+//                 uint32_t barrier)                cp.async.bulk.tensor.4d...mbarrier::complete_tx:
+//                                                  the box at (x, token, head, batch) into tile,
+//                                                  its bytes counted on the mbarrier
+//   void mbarrier_init(uint32_t barrier, int arrivals)   mbarrier.init.shared::cta.b64
+//   void fence_barrier_init()                      fence.mbarrier_init.release.cluster (before the
+//                                                  CTA barrier after which other threads use it)
+//   void mbarrier_arrive(uint32_t barrier)         mbarrier.arrive.shared::cta.b64
+//   void mbarrier_arrive_expect_tx(uint32_t barrier, uint32_t bytes)
+//                                                  mbarrier.arrive.expect_tx.shared::cta.b64
+//   void mbarrier_wait(uint32_t barrier, int parity)
+//                                                  mbarrier.try_wait.parity until the phase of
+//                                                  that parity completed
+// (barrier: the shared-memory address of an 8-byte-aligned mbarrier, shared_address).
 // fragments.hpp says where each lane's values sit.
 #pragma once
 
@@ -56,6 +72,7 @@
 #include "longattn/core/detail/tensor_core/fragments.hpp"
 
 #if defined(KOKKOS_ENABLE_CUDA) && defined(__CUDACC__)
+#include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #endif
@@ -89,6 +106,29 @@ namespace longattn::detail::tensor_core {
   LONGATTN_WGMMA_OUT4(d, n), LONGATTN_WGMMA_OUT4(d, n + 1), LONGATTN_WGMMA_OUT4(d, n + 2),            \
       LONGATTN_WGMMA_OUT4(d, n + 3), LONGATTN_WGMMA_OUT4(d, n + 4), LONGATTN_WGMMA_OUT4(d, n + 5),    \
       LONGATTN_WGMMA_OUT4(d, n + 6), LONGATTN_WGMMA_OUT4(d, n + 7)
+
+// wgmma.m64nNk16 with A and B from shared memory (SS) or A from registers and B transposed (RS), of
+// 16-bit type `type` ("bf16", "f16"), scale-d 1 (accumulate), from the caller's d, a and b.
+#define LONGATTN_WGMMA_SS_N64(type)                                                                          \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\nwgmma.mma_async.sync.aligned.m64n64k16.f32." type \
+               "." type " " LONGATTN_WGMMA_D32 ", %32, %33, p, 1, 1, 0, 0;\n}\n"                                \
+               : LONGATTN_WGMMA_OUT32(d, 0)                                                                 \
+               : "l"(a), "l"(b), "r"(1))
+#define LONGATTN_WGMMA_SS_N128(type)                                                                          \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\nwgmma.mma_async.sync.aligned.m64n128k16.f32." type \
+               "." type " " LONGATTN_WGMMA_D64 ", %64, %65, p, 1, 1, 0, 0;\n}\n"                                 \
+               : LONGATTN_WGMMA_OUT32(d, 0), LONGATTN_WGMMA_OUT32(d, 8)                                      \
+               : "l"(a), "l"(b), "r"(1))
+#define LONGATTN_WGMMA_RS_N64(type)                                                                          \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\nwgmma.mma_async.sync.aligned.m64n64k16.f32." type \
+               "." type " " LONGATTN_WGMMA_D32 ", {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"                  \
+               : LONGATTN_WGMMA_OUT32(d, 0)                                                                 \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1))
+#define LONGATTN_WGMMA_RS_N128(type)                                                                          \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\nwgmma.mma_async.sync.aligned.m64n128k16.f32." type \
+               "." type " " LONGATTN_WGMMA_D64 ", {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"                   \
+               : LONGATTN_WGMMA_OUT32(d, 0), LONGATTN_WGMMA_OUT32(d, 8)                                      \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1))
 
 // The instructions. Each body is device code only; the host pass of nvcc sees empty functions
 // that nothing calls (the kernels run only inside a __global__ function).
@@ -255,25 +295,13 @@ struct CudaWarp {
     static_assert(Type != Operand::tf32 && (N == 64 || N == 128), "16-bit m64n64k16 and m64n128k16");
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     if constexpr (N == 64 && Type == Operand::bf16)
-      asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-                   "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " LONGATTN_WGMMA_D32 ", %32, %33, p, 1, 1, 0, 0;\n}\n"
-                   : LONGATTN_WGMMA_OUT32(d, 0)
-                   : "l"(a), "l"(b), "r"(1));
+      LONGATTN_WGMMA_SS_N64("bf16");
     else if constexpr (N == 64)
-      asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-                   "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " LONGATTN_WGMMA_D32 ", %32, %33, p, 1, 1, 0, 0;\n}\n"
-                   : LONGATTN_WGMMA_OUT32(d, 0)
-                   : "l"(a), "l"(b), "r"(1));
+      LONGATTN_WGMMA_SS_N64("f16");
     else if constexpr (Type == Operand::bf16)
-      asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-                   "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " LONGATTN_WGMMA_D64 ", %64, %65, p, 1, 1, 0, 0;\n}\n"
-                   : LONGATTN_WGMMA_OUT32(d, 0), LONGATTN_WGMMA_OUT32(d, 8)
-                   : "l"(a), "l"(b), "r"(1));
+      LONGATTN_WGMMA_SS_N128("bf16");
     else
-      asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-                   "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " LONGATTN_WGMMA_D64 ", %64, %65, p, 1, 1, 0, 0;\n}\n"
-                   : LONGATTN_WGMMA_OUT32(d, 0), LONGATTN_WGMMA_OUT32(d, 8)
-                   : "l"(a), "l"(b), "r"(1));
+      LONGATTN_WGMMA_SS_N128("f16");
 #elif defined(__CUDA_ARCH__)
     (void)d, (void)a, (void)b;
     __trap();
@@ -286,29 +314,13 @@ struct CudaWarp {
     static_assert(Type != Operand::tf32 && (N == 64 || N == 128), "16-bit m64n64k16 and m64n128k16");
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     if constexpr (N == 64 && Type == Operand::bf16)
-      asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-                   "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " LONGATTN_WGMMA_D32
-                   ", {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
-                   : LONGATTN_WGMMA_OUT32(d, 0)
-                   : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+      LONGATTN_WGMMA_RS_N64("bf16");
     else if constexpr (N == 64)
-      asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-                   "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " LONGATTN_WGMMA_D32
-                   ", {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
-                   : LONGATTN_WGMMA_OUT32(d, 0)
-                   : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+      LONGATTN_WGMMA_RS_N64("f16");
     else if constexpr (Type == Operand::bf16)
-      asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-                   "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " LONGATTN_WGMMA_D64
-                   ", {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
-                   : LONGATTN_WGMMA_OUT32(d, 0), LONGATTN_WGMMA_OUT32(d, 8)
-                   : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+      LONGATTN_WGMMA_RS_N128("bf16");
     else
-      asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-                   "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " LONGATTN_WGMMA_D64
-                   ", {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
-                   : LONGATTN_WGMMA_OUT32(d, 0), LONGATTN_WGMMA_OUT32(d, 8)
-                   : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+      LONGATTN_WGMMA_RS_N128("f16");
 #elif defined(__CUDA_ARCH__)
     (void)d, (void)a, (void)b;
     __trap();
@@ -346,6 +358,63 @@ struct CudaWarp {
   KOKKOS_INLINE_FUNCTION static void fence_proxy_async() {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+  }
+
+  // The copy engine and mbarriers (sm_90; built where the warpgroup programs are).
+  using TensorMap = CUtensorMap;
+  KOKKOS_INLINE_FUNCTION static void tma_load(void* tile, const TensorMap& map, int x, int token, int head, int batch,
+                                              std::uint32_t barrier) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    asm volatile(
+        "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, "
+        "%5}], [%6];\n" ::"r"(shared_address(tile)),
+        "l"(reinterpret_cast<std::uint64_t>(&map)), "r"(x), "r"(token), "r"(head), "r"(batch), "r"(barrier)
+        : "memory");
+#elif defined(__CUDA_ARCH__)
+    (void)tile, (void)map, (void)x, (void)token, (void)head, (void)batch, (void)barrier;
+    __trap();
+#else
+    (void)tile, (void)map, (void)x, (void)token, (void)head, (void)batch, (void)barrier;
+#endif
+  }
+  KOKKOS_INLINE_FUNCTION static void mbarrier_init(std::uint32_t barrier, int arrivals) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(barrier), "r"(arrivals) : "memory");
+#else
+    (void)barrier, (void)arrivals;
+#endif
+  }
+  KOKKOS_INLINE_FUNCTION static void fence_barrier_init() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#endif
+  }
+  KOKKOS_INLINE_FUNCTION static void mbarrier_arrive(std::uint32_t barrier) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(barrier) : "memory");
+#else
+    (void)barrier;
+#endif
+  }
+  KOKKOS_INLINE_FUNCTION static void mbarrier_arrive_expect_tx(std::uint32_t barrier, std::uint32_t bytes) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(barrier), "r"(bytes) : "memory");
+#else
+    (void)barrier, (void)bytes;
+#endif
+  }
+  KOKKOS_INLINE_FUNCTION static void mbarrier_wait(std::uint32_t barrier, int parity) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    std::uint32_t done = 0;
+    while (!done)
+      asm volatile(
+          "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+          : "=r"(done)
+          : "r"(barrier), "r"(parity)
+          : "memory");
+#else
+    (void)barrier, (void)parity;
 #endif
   }
 };

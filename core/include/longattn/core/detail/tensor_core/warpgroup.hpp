@@ -19,8 +19,8 @@
 // Shared-memory tiles (Q, K and V): R rows of D 16-bit values as D / 64 panels, panel-major, each
 // R rows x 128 bytes (64 values) on a 1024-byte boundary; in a panel, 16-byte chunk c of row r is
 // stored at chunk c ^ (r % 8) of the row (the 128-byte swizzle: byte-address bits 4-6 XOR bits
-// 7-9, CUTLASS's Swizzle<3,4,3>), so that 8 rows' same chunk fall into distinct banks. cp.async
-// writes the chunks (the loader below); no ldmatrix reads these tiles. wgmma reads them through a
+// 7-9, CUTLASS's Swizzle<3,4,3>), so that 8 rows' same chunk fall into distinct banks. The copy
+// engine writes them (below); no ldmatrix reads these tiles. wgmma reads them through a
 // 64-bit descriptor: start address >> 4 (bits 0-13), leading byte offset >> 4 (LBO, bits 16-29),
 // stride byte offset >> 4 (SBO, bits 32-45), base offset 0 (bits 49-51; the panels are
 // 1024-aligned), layout 1 = 128-byte swizzle (bits 62-63). The address of element (row, k) is
@@ -39,6 +39,18 @@
 // what it read. wgmma reads shared memory
 // through the async proxy: a thread that wrote a tile (cp.async, stores) executes
 // fence.proxy.async before the barrier after which a wgmma reads it.
+//
+// Tiles by the tensor copy engine (TMA, cp.async.bulk.tensor): a [batch][tokens][heads][D] 16-bit
+// tensor is described to it as four dimensions, innermost first (D, tokens, heads, batch; a
+// TileMap below, which the launchers turn into the GPU's CUtensorMap); one copy brings a box of
+// 64 values (one panel's 128 bytes) x box_rows tokens of one head and batch into box_rows rows of
+// 128 bytes, swizzled as above (the copy engine's 128-byte swizzle is the same function of the
+// address), zeros where the box leaves the tensor. A D-wide tile is D / 64 copies, panel by panel.
+// A copy completes on an mbarrier (a 64-bit object in shared memory: an arrival count and a byte
+// count per phase): its issuer announces the bytes (mbarrier.arrive.expect_tx), the copies count
+// them down, and the phase completes when both reach zero; a thread waits for a phase by its
+// parity (mbarrier.try_wait.parity), which also makes the copied bytes visible to it and to the
+// wgmma it then issues (the copy engine writes through the async proxy: no fence.proxy.async).
 #pragma once
 
 #include <Kokkos_Core.hpp>
@@ -59,11 +71,6 @@ inline constexpr std::size_t swizzle_bytes = 1024;  // 8 rows of 128 bytes: the 
 KOKKOS_INLINE_FUNCTION constexpr int panel_bytes(int rows) { return 128 * rows; }
 KOKKOS_INLINE_FUNCTION constexpr int swizzled_tile_bytes(int rows, int columns) {
   return columns / panel_values * panel_bytes(rows);
-}
-
-// Byte offset of 16-byte chunk `chunk` (8 values) of row `row` in a swizzled tile of `rows` rows.
-KOKKOS_INLINE_FUNCTION constexpr int swizzled_chunk_offset(int row, int chunk, int rows) {
-  return chunk / 8 * panel_bytes(rows) + 128 * row + 16 * ((chunk % 8) ^ (row % 8));
 }
 
 // A matrix descriptor of a 128-byte-swizzled operand at shared-memory address `address`.
@@ -87,24 +94,13 @@ KOKKOS_INLINE_FUNCTION constexpr std::uint64_t mn_major_descriptor(std::uint32_t
   return matrix_descriptor(tile + std::uint32_t(128 * k0), panel_bytes(rows), int(swizzle_bytes));
 }
 
-// Copies rows [0, Rows) from `first_row` (rows token_stride apart; a row of D values) into a
-// swizzled [Rows][D] tile, the Threads threads taking chunks in turn; rows from `count` on are
-// zeros. Asynchronous, as load_tile (tiles.hpp): cp_async_wait_all, fence_proxy_async and a
-// barrier before a wgmma reads it.
-template <class Warp, int Rows, int D, int Threads, class S>
-KOKKOS_INLINE_FUNCTION void load_swizzled_tile(char* tile, const S* first_row, std::int64_t token_stride, int count,
-                                               int thread) {
-  static_assert(sizeof(S) == 2, "the warpgroup programs take 16-bit tiles");
-  constexpr int chunks = chunks_per_row<S>(D), rows_per_step = Threads / chunks;
-  static_assert(Threads % chunks == 0 && Rows % rows_per_step == 0, "every thread copies the same chunk of its rows");
-  const int chunk = thread % chunks;
-  int row = thread / chunks;
-  const S* source = first_row + row * token_stride + chunk * chunk_values<S>;
-  LONGATTN_WARP_UNROLL
-  for (int n = 0; n < Rows / rows_per_step; ++n, row += rows_per_step, source += rows_per_step * token_stride) {
-    const bool inside = row < count;
-    Warp::cp_async_16(tile + swizzled_chunk_offset(row, chunk, Rows), inside ? source : first_row, inside);
-  }
-}
+// A 16-bit [batch][tokens][heads][D] tensor as the copy engine sees it: extents and byte strides
+// innermost first (D, tokens, heads, batch), boxes of 64 values x box_rows tokens.
+struct TileMap {
+  const void* data = nullptr;
+  std::int64_t extents[4] = {};
+  std::int64_t strides[4] = {};  // bytes; strides[0] = 2 (the values of a row contiguous)
+  int box_rows = 0;
+};
 
 }  // namespace longattn::detail::tensor_core
