@@ -12,6 +12,7 @@
 #include <ucontext.h>
 #endif
 
+#include <algorithm>
 #include <cmath>
 #include <cstdarg>
 #include <cstdio>
@@ -237,6 +238,14 @@ struct WarpgroupState {
   std::deque<std::vector<Wgmma>> committed;
 };
 
+// A named barrier (bar.sync / bar.arrive): the threads its current phase expects, those arrived.
+struct NamedBarrier {
+  int threads = 0, arrived = 0;
+  unsigned generation = 0;
+  std::vector<bool> in_phase;  // by thread
+};
+constexpr int named_barrier_ids = 16;  // 0 is sync_cta's
+
 struct Cta {
   int index = 0, threads = 0, finished = 0;
   char* shared = nullptr;
@@ -250,6 +259,7 @@ struct Cta {
   bool tma_lands_late = false;  // TMA copies land when no thread can run (else at once)
   int barrier_arrived = 0;
   unsigned barrier_generation = 0;
+  NamedBarrier named[named_barrier_ids];
   unsigned epoch = 0;  // completed CTA barriers
   Context scheduler;
   Fiber* current = nullptr;
@@ -940,6 +950,10 @@ void run_cta(Cta& c) {
   if (!c.failed && !c.tma_in_flight.empty())
     record_failure(c, c.tma_in_flight.front().thread, "finishes with %zu TMA copies in flight, never waited for",
                    c.tma_in_flight.size());
+  for (int id = 1; id < named_barrier_ids && !c.failed; ++id)
+    if (c.named[id].arrived > 0)
+      record_failure(c, c.threads - 1, "ends with named barrier %d holding %d of its phase's %d arrivals", id,
+                     c.named[id].arrived, c.named[id].threads);
 }
 
 }  // namespace
@@ -973,6 +987,7 @@ void Emulator::run(const void* program, Body body, int ctas, int threads, std::s
     c.epoch = 0;
     for (WarpState& w : c.warps) w.arrived = 0;
     for (WarpgroupState& g : c.warpgroups) g = WarpgroupState{};
+    for (NamedBarrier& b : c.named) b = NamedBarrier{0, 0, 0, std::vector<bool>(std::size_t(threads), false)};
     c.mbarriers.clear();
     c.tma_in_flight.clear();
     c.tma_lands_late = cta % 2 == 1;
@@ -1003,6 +1018,39 @@ void sync_cta() {
     ++totals.barriers;
   } else {
     block_until_changed(&c.barrier_generation, seen, "a CTA barrier");
+  }
+}
+
+// bar.sync / bar.arrive id, threads: whole warps arrive (the .aligned forms: every lane executes
+// it), the phase completes at `threads` arrivals.
+void named_barrier(int id, int threads, bool wait) {
+  Cta& c = cta();
+  Fiber& f = fiber();
+  const char* what = wait ? "bar.sync" : "bar.arrive";
+  if (id < 1 || id >= named_barrier_ids) fail("%s %d: named barriers are 1-15 (0 is the CTA barrier's)", what, id);
+  if (threads < warp_size || threads % warp_size != 0 || threads > c.threads)
+    fail("%s %d with %d threads: a multiple of 32 up to the CTA's %d", what, id, threads, c.threads);
+  NamedBarrier& b = c.named[id];
+  if (b.arrived > 0 && b.threads != threads)
+    fail("%s %d with %d threads where its phase's other arrivals said %d", what, id, threads, b.threads);
+  if (b.in_phase[std::size_t(f.thread)])
+    fail("%s %d: the thread arrives twice in one phase (%d of %d arrived)", what, id, b.arrived, threads);
+  b.threads = threads;
+  b.in_phase[std::size_t(f.thread)] = true;
+  const unsigned seen = b.generation;
+  if (++b.arrived == threads) {
+    for (int w = 0; w < c.threads / warp_size; ++w) {
+      int lanes = 0;
+      for (int lane = 0; lane < warp_size; ++lane) lanes += b.in_phase[std::size_t(w * warp_size + lane)] ? 1 : 0;
+      if (lanes != 0 && lanes != warp_size)
+        fail("%s %d completes with %d of warp %d's lanes (whole warps arrive)", what, id, lanes, w);
+    }
+    std::fill(b.in_phase.begin(), b.in_phase.end(), false);
+    b.arrived = 0;
+    ++b.generation;
+    ++totals.named_barriers;
+  } else if (wait) {
+    block_until_changed(&b.generation, seen, "a named barrier");
   }
 }
 

@@ -534,6 +534,7 @@ void check_attention(const Run<typename Target::Exec>& run, std::mt19937_64& rng
     const bool warpgroup = run.forward_program == longattn::TensorCoreForward::warpgroup;
     CHECK((Emulator::counters().wgmma > 0) == warpgroup);
     CHECK((Emulator::counters().tma > 0) == warpgroup);
+    CHECK((Emulator::counters().named_barriers > 0) == warpgroup);  // the consumers' turns
   }
   grids = tc::launched_grids();
   Emulator::reset_counters();
@@ -1021,6 +1022,66 @@ TEST_CASE("the emulation's TMA copies and mbarriers: boxes, swizzle and zeros; w
                       if (thread == 0) EmulatedWarp::tma_load(shared + 64, token_map(), 0, 0, 0, 0, barrier_offset);
                     }),
                     Contains("cp.async.bulk.tensor at shared offset 64 is not aligned to 128 bytes"));
+}
+
+TEST_CASE("the emulation's named barriers: turns in order; counts, whole warps and leftover arrivals checked",
+          "[core][tensor_cores][errors]") {
+  using Catch::Contains;
+  // Two warps take three turns each as the warpgroup forward program's consumers do (begin_turns,
+  // take_turn, pass_turn, end_turns): warp 1 passes first, so warp 0 goes first; after the loop
+  // warp 0 takes the turn warp 1 passed last.
+  static std::vector<int> turns_taken;
+  turns_taken.clear();
+  Emulator::reset_counters();
+  CHECK_NOTHROW(emulate<64>([](char*, int thread) {
+    const int warp = thread / 32;
+    if (warp == 1) EmulatedWarp::barrier_arrive(1, 64);
+    for (int i = 0; i < 3; ++i) {
+      EmulatedWarp::barrier_sync(1 + warp, 64);
+      if (thread % 32 == 0) turns_taken.push_back(warp);
+      EmulatedWarp::barrier_arrive(2 - warp, 64);
+    }
+    if (warp == 0) EmulatedWarp::barrier_sync(1, 64);
+  }));
+  CHECK(turns_taken == std::vector<int>{0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1});  // two CTAs
+  CHECK(Emulator::counters().named_barriers == 2 * 7);
+  CHECK_THROWS_WITH(emulate<64>([](char*, int thread) {  // warp 0 does not take the last turn
+                      const int warp = thread / 32;
+                      if (warp == 1) EmulatedWarp::barrier_arrive(1, 64);
+                      for (int i = 0; i < 3; ++i) {
+                        EmulatedWarp::barrier_sync(1 + warp, 64);
+                        EmulatedWarp::barrier_arrive(2 - warp, 64);
+                      }
+                    }),
+                    Contains("CTA 0, thread 63: ends with named barrier 1 holding 32 of its phase's 64 arrivals"));
+  CHECK_THROWS_WITH(emulate<64>([](char*, int thread) {  // each waits for the other's pass first
+                      EmulatedWarp::barrier_sync(1 + thread / 32, 64);
+                      EmulatedWarp::barrier_arrive(2 - thread / 32, 64);
+                    }),
+                    Contains("CTA 0 deadlocks; waiting: thread 0 at a named barrier;"));
+  CHECK_THROWS_WITH(emulate<128>([](char*, int thread) {
+                      if (thread >= 64) return;
+                      if (thread < 32)
+                        EmulatedWarp::barrier_arrive(1, 64);
+                      else
+                        EmulatedWarp::barrier_sync(1, 96);
+                    }),
+                    Contains("thread 32: bar.sync 1 with 96 threads where its phase's other arrivals said 64"));
+  CHECK_THROWS_WITH(emulate<64>([](char*, int thread) {
+                      if (thread < 16 || thread >= 48) EmulatedWarp::barrier_sync(2, 32);
+                    }),
+                    Contains("bar.sync 2 completes with 16 of warp 0's lanes (whole warps arrive)"));
+  CHECK_THROWS_WITH(emulate<64>([](char*, int thread) {
+                      if (thread < 32) {
+                        EmulatedWarp::barrier_arrive(3, 64);
+                        EmulatedWarp::barrier_arrive(3, 64);
+                      }
+                    }),
+                    Contains("thread 0: bar.arrive 3: the thread arrives twice in one phase (1 of 64 arrived)"));
+  CHECK_THROWS_WITH(emulate<32>([](char*, int) { EmulatedWarp::barrier_sync(0, 32); }),
+                    Contains("bar.sync 0: named barriers are 1-15 (0 is the CTA barrier's)"));
+  CHECK_THROWS_WITH(emulate<32>([](char*, int) { EmulatedWarp::barrier_arrive(4, 40); }),
+                    Contains("bar.arrive 4 with 40 threads: a multiple of 32 up to the CTA's 32"));
 }
 
 TEST_CASE("tensor cores: a deterministic one-pass backward is refused", "[core][tensor_cores][errors]") {

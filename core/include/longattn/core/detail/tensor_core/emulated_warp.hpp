@@ -12,6 +12,10 @@
 // What the emulation checks, each failure a longattn::Error naming the CTA and thread:
 //   - a warp's lanes reach the same collective (no divergence inside one);
 //   - every CTA thread reaches each barrier (no thread finishes while others wait);
+//   - named barriers (bar.sync / bar.arrive id, n): ids 1-15, n a multiple of 32 that every
+//     arrival of a phase agrees on, whole warps, no thread twice in a phase, none left holding
+//     arrivals when the CTA ends (they order no memory here: the race check counts only CTA
+//     barriers);
 //   - shared-memory accesses stay inside the CTA's dynamic shared memory and are aligned
 //     (ldmatrix rows and cp.async to 16 bytes);
 //   - no race on shared memory: between two CTA barriers a 4-byte word written by one thread is
@@ -60,6 +64,7 @@ struct EmulationCounters {
   std::int64_t cp_async = 0;
   std::int64_t shuffles = 0;
   std::int64_t barriers = 0;
+  std::int64_t named_barriers = 0;  // phases of bar.sync / bar.arrive completed
   std::int64_t atomics = 0;
 };
 
@@ -87,6 +92,7 @@ namespace emulation {
 int thread();
 void sync_cta();
 void sync_warp();
+void named_barrier(int id, int threads, bool wait);
 float shfl_xor(float value, int lane_mask);
 int uniform(int value);  // lane 0's; the lanes must agree (else a failure)
 void ldmatrix_x4(std::uint32_t (&r)[4], const void* row, bool trans);
@@ -125,6 +131,12 @@ struct EmulatedWarp {
   KOKKOS_INLINE_FUNCTION static int thread() { return LONGATTN_EMULATED(emulation::thread(), 0); }
   KOKKOS_INLINE_FUNCTION static void sync_cta() { LONGATTN_EMULATED(emulation::sync_cta(), void()); }
   KOKKOS_INLINE_FUNCTION static void sync_warp() { LONGATTN_EMULATED(emulation::sync_warp(), void()); }
+  KOKKOS_INLINE_FUNCTION static void barrier_sync(int id, int threads) {
+    LONGATTN_EMULATED(emulation::named_barrier(id, threads, true), (void(id), void(threads)));
+  }
+  KOKKOS_INLINE_FUNCTION static void barrier_arrive(int id, int threads) {
+    LONGATTN_EMULATED(emulation::named_barrier(id, threads, false), (void(id), void(threads)));
+  }
   KOKKOS_INLINE_FUNCTION static float shfl_xor(float value, int lane_mask) {
     return LONGATTN_EMULATED(emulation::shfl_xor(value, lane_mask), (void(lane_mask), value));
   }

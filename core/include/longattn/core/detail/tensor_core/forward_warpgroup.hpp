@@ -17,21 +17,24 @@
 //            i / 3 - 1, from i = 3 on), announce K's and V's bytes on its full barrier, 2 D / 64
 //            copies of 64 rows
 //   consumer wait for Q; for each key block i (block j): wait until stage i % 3 is full (phase
-//            i / 3), then
+//            i / 3), then for the warpgroup's turn (named barriers, below), then
 //              issue S_j = Q K_j^T     D / 16 x wgmma m64n64k16: A = Q, B = K, K-major descriptors
 //              issue O += P_{j-1} V_{j-1}  4 x wgmma m64nDk16: A = P_{j-1} (registers), B = V as
 //                                          an MN-major descriptor (imm-trans-b)
+//              pass the turn to the other warpgroup (ping-pong: its products run while this
+//              warpgroup's softmax does)
 //              wait for S_j; scale, mask, online softmax (forward.hpp), P_j packed to 16 bits
 //              wait for P_{j-1} V_{j-1}; O rescaled for block j; block j - 1's stage released
 //            (block j - 1's O += P V runs while j's softmax does: FlashAttention-3's overlap
-//            inside a warpgroup); a warpgroup whose query block skips block j finishes its pending
-//            P V and releases both stages
+//            inside a warpgroup); a warpgroup whose query block skips block j takes its turn all
+//            the same, finishes its pending P V and releases both stages
 //   end      the last P V; a CTA barrier; O / l staged through the K and V stages (the warp-level
 //            epilogue), LSE
 //
-// Per consumer thread: S 32 floats, O D / 2, P 16 registers. Not yet: the two consumer warpgroups'
-// products taking turns (FlashAttention-3's ping-pong), registers moved from the producer to the
-// consumers (setmaxnreg).
+// Per consumer thread: S 32 floats, O D / 2, P 16 registers. Registers are not moved from the
+// producer to the consumers (setmaxnreg, which works on whole warpgroups): the producer is one
+// warp, so 288 threads leave every thread 224 registers, more than the consumers use (ptxas:
+// 123 at D = 64, 157 at D = 128).
 #pragma once
 
 #include <Kokkos_Core.hpp>
@@ -130,12 +133,16 @@ struct WarpgroupForwardProgram {
     Warp::mbarrier_wait(barriers.query(), 0);
     int block = 0;
     bool in_first = false, in_second = false;
+    begin_turns(group);
     for (int i = 0; Warp::uniform(visits.next(block, in_first, in_second)); ++i) {
       const int stage = i % stages;
       const bool mine = Warp::uniform(has_rows && (group == 0 ? in_first : in_second));
       Warp::mbarrier_wait(barriers.full(stage), i / stages % 2);
+      take_turn(group);
       if (!mine) {
+        // Inside the turn (skipping is rare: a causal diagonal, a sparse layout).
         finish_probabilities_times_values(previous, o, barriers);
+        pass_turn(group);
         release(stage, barriers);
         continue;
       }
@@ -152,6 +159,7 @@ struct WarpgroupForwardProgram {
       Warp::wgmma_commit();
       issue_probabilities_times_values(previous, o);
       Warp::wgmma_commit();  // an empty group where nothing is pending
+      pass_turn(group);
       Warp::template wgmma_wait<1>();  // S_j; P_{j-1} V_{j-1} may still run
       Warp::fence_accumulators(s);
       float alpha[2];
@@ -166,6 +174,7 @@ struct WarpgroupForwardProgram {
       previous.stage = stage;
       previous.pending = true;
     }
+    end_turns(group);
     finish_probabilities_times_values(previous, o, barriers);
     Warp::sync_cta();  // every copy landed and every product is done: K's and V's stages hold the epilogue's rows
     if (tile_first < args.queries)
@@ -223,7 +232,8 @@ struct WarpgroupForwardProgram {
       Warp::template wgmma<operand_of<S>, D>(o, previous.p[kk], mn_major_descriptor(previous.v_address, L, 16 * kk));
   }
 
-  // The pending O += P V issued and waited for, its stage released.
+  // The pending O += P V issued and waited for, its stage released. Issue and wait sit in one
+  // branch: a path from a wgmma past its wait makes ptxas wait and serialize (C7514, C7517).
   KOKKOS_INLINE_FUNCTION static void finish_probabilities_times_values(PendingProduct& previous, float (&o)[D / 8][4],
                                                                        const Barriers& barriers) {
     if (!previous.pending) return;
@@ -235,6 +245,24 @@ struct WarpgroupForwardProgram {
     Warp::fence_accumulators(o);
     release(previous.stage, barriers);
     previous.pending = false;
+  }
+
+  // FlashAttention-3's ping-pong: the consumer warpgroups take turns at issuing their products, so
+  // that one's softmax runs while the tensor cores run the other's. Warpgroup g's turn waits on
+  // named barrier 1 + g for the other's pass: warpgroup 1 passes once before the first, so
+  // warpgroup 0 goes first, then 1, 0, 1, ...; after the last, warpgroup 0 takes the turn that
+  // warpgroup 1 passes last.
+  static constexpr int turn_barrier = 1;
+  static constexpr int turn_threads = consumers * warpgroup_threads;
+  KOKKOS_INLINE_FUNCTION static void begin_turns(int group) {
+    if (group == 1) Warp::barrier_arrive(turn_barrier, turn_threads);
+  }
+  KOKKOS_INLINE_FUNCTION static void take_turn(int group) { Warp::barrier_sync(turn_barrier + group, turn_threads); }
+  KOKKOS_INLINE_FUNCTION static void pass_turn(int group) {
+    Warp::barrier_arrive(turn_barrier + 1 - group, turn_threads);
+  }
+  KOKKOS_INLINE_FUNCTION static void end_turns(int group) {
+    if (group == 0) Warp::barrier_sync(turn_barrier, turn_threads);
   }
 };
 

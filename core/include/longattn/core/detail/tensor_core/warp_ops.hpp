@@ -11,6 +11,11 @@
 // static functions (Warp below):
 //   int thread()                                   the thread's index in its CTA (threadIdx.x)
 //   void sync_cta(), sync_warp()                   __syncthreads(), __syncwarp()
+//   void barrier_sync(int id, int threads)         bar.sync id, threads: a named barrier (ids 1-15;
+//                                                  0 is sync_cta's) that completes when `threads`
+//                                                  threads (whole warps) arrived or waited, this
+//                                                  one waiting
+//   void barrier_arrive(int id, int threads)       bar.arrive id, threads: the same, not waiting
 //   float shfl_xor(float v, int lane_mask)         v of lane ^ lane_mask
 //   int uniform(int v)                             lane 0's v (shfl.sync.idx): a value the same in
 //                                                  every lane, which the compiler then knows
@@ -148,6 +153,20 @@ struct CudaWarp {
   KOKKOS_INLINE_FUNCTION static void sync_warp() {
 #ifdef __CUDA_ARCH__
     __syncwarp();
+#endif
+  }
+  KOKKOS_INLINE_FUNCTION static void barrier_sync(int id, int threads) {
+#ifdef __CUDA_ARCH__
+    asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+#else
+    (void)id, (void)threads;
+#endif
+  }
+  KOKKOS_INLINE_FUNCTION static void barrier_arrive(int id, int threads) {
+#ifdef __CUDA_ARCH__
+    asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
+#else
+    (void)id, (void)threads;
 #endif
   }
   KOKKOS_INLINE_FUNCTION static float shfl_xor(float value, int lane_mask) {
