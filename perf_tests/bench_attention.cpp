@@ -87,9 +87,10 @@ double time_steps(benchmark::State& state, Step&& step) {
 }
 
 // Args: {N, D, causal}; B = 1, H heads (8 unless named: <T, Space, H>). T: the tensors' storage
-// type; Space: where they run; Program: the tensor-core forward program (AttentionOptions).
+// type; Space: where they run; Program: the tensor-core programs (AttentionOptions'
+// tensor_core_forward and tensor_core_backward).
 template <class T, class Space = Exec, int H = 8,
-          longattn::TensorCoreForward Program = longattn::TensorCoreForward::automatic>
+          longattn::TensorCoreProgram Program = longattn::TensorCoreProgram::automatic>
 void BM_AttentionForward(benchmark::State& state) {
   const int N = int(state.range(0)), D = int(state.range(1));
   longattn::AttentionOptions opts;
@@ -106,12 +107,12 @@ void BM_AttentionForward(benchmark::State& state) {
 }
 
 template <class T, class Space = Exec, int H = 8,
-          longattn::TensorCoreForward Program = longattn::TensorCoreForward::automatic>
+          longattn::TensorCoreProgram Program = longattn::TensorCoreProgram::automatic>
 void BM_AttentionForwardBackward(benchmark::State& state) {
   const int N = int(state.range(0)), D = int(state.range(1));
   longattn::AttentionOptions opts;
   opts.causal = state.range(2) != 0;
-  opts.tensor_core_forward = Program;
+  opts.tensor_core_forward = opts.tensor_core_backward = Program;
   Problem<T, Space> p(1, N, H, D);
   const double seconds = time_steps(state, [&] {
     longattn::attention_forward(Space(), p.q, p.k, p.v, p.o, p.lse, opts);
@@ -416,11 +417,11 @@ BENCHMARK_TEMPLATE(BM_AttentionForward, longattn::bfloat16, Kokkos::Cuda, 16)
 BENCHMARK_TEMPLATE(BM_AttentionForwardBackward, longattn::bfloat16, Kokkos::Cuda, 16)
     ->ArgsProduct({{4096, 8192, 16384}, {64, 128}, {0, 1}})
     ->UseRealTime()->Unit(benchmark::kMillisecond);
-// The warpgroup forward program (wgmma, sm_90a) beside the default (compare_sdpa.py --forward-program).
-BENCHMARK_TEMPLATE(BM_AttentionForward, longattn::bfloat16, Kokkos::Cuda, 16, longattn::TensorCoreForward::warpgroup)
+// The warpgroup programs (wgmma, sm_90a) beside the default (compare_sdpa.py --program).
+BENCHMARK_TEMPLATE(BM_AttentionForward, longattn::bfloat16, Kokkos::Cuda, 16, longattn::TensorCoreProgram::warpgroup)
     ->ArgsProduct({{4096, 8192, 16384}, {64, 128}, {0, 1}})
     ->UseRealTime()->Unit(benchmark::kMillisecond);
-BENCHMARK_TEMPLATE(BM_AttentionForwardBackward, longattn::bfloat16, Kokkos::Cuda, 16, longattn::TensorCoreForward::warpgroup)
+BENCHMARK_TEMPLATE(BM_AttentionForwardBackward, longattn::bfloat16, Kokkos::Cuda, 16, longattn::TensorCoreProgram::warpgroup)
     ->ArgsProduct({{4096, 8192, 16384}, {64, 128}, {0, 1}})
     ->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_DilatedForward<Kokkos::Cuda>)

@@ -35,10 +35,10 @@ BENCH_TYPES = {"fp32": "float", "bf16": "longattn::bfloat16"}
 def longattn_gflops(bench, mode, dtype, tokens, head_dim, causal, threads, device, heads, program):
     name = {"forward": "BM_AttentionForward", "forward+backward": "BM_AttentionForwardBackward"}[mode]
     # <T[, Kokkos::Cuda][, H][, program]>: the benchmark names a head count other than 8, and a
-    # tensor-core forward program other than automatic (after the head count).
+    # tensor-core program other than automatic (after the head count).
     types = BENCH_TYPES[dtype] + (", Kokkos::Cuda" if device == "cuda" else "")
     if program != "automatic":
-        types += f", {heads}, longattn::TensorCoreForward::{program}"
+        types += f", {heads}, longattn::TensorCoreProgram::{program}"
     elif heads != 8:
         types += f", {heads}"
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), OMP_PROC_BIND="false")
@@ -85,8 +85,9 @@ def main():
     parser.add_argument("--repeat", type=int, default=2, help="alternations per shape; best of each side")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--heads", type=int, default=8, help="H of B = 1, H heads (the benchmark has 8, and 16 for bf16 on CUDA)")
-    parser.add_argument("--forward-program", default="automatic", choices=["automatic", "warp", "warpgroup"],
-                        help="AttentionOptions::tensor_core_forward (CUDA, bf16, 16 heads: the benchmarks registered)")
+    parser.add_argument("--program", default="automatic", choices=["automatic", "warp", "warpgroup"],
+                        help="AttentionOptions::tensor_core_forward and tensor_core_backward (CUDA, bf16, 16 heads: "
+                             "the benchmarks registered)")
     parser.add_argument("--json", help="also write the table here")
     args = parser.parse_args()
 
@@ -105,11 +106,11 @@ def main():
                     for _ in range(args.repeat):
                         ours = max(ours, longattn_gflops(args.bench, mode, dtype, tokens, head_dim, causal,
                                                          args.threads, args.device, args.heads,
-                                                         args.forward_program))
+                                                         args.program))
                         theirs = max(theirs, sdpa_gflops(torch, mode, dtype, tokens, head_dim, causal,
                                                          args.device, args.heads))
                     rows.append(dict(mode=mode, dtype=dtype, tokens=tokens, head_dim=head_dim, causal=causal,
-                                     heads=args.heads, forward_program=args.forward_program,
+                                     heads=args.heads, program=args.program,
                                      longattn_gflops=ours, sdpa_gflops=theirs,
                                      ratio=ours / theirs))
                     print(f"{mode:<17} {dtype:>5} {tokens:>6} {head_dim:>4} {str(causal):>6} {ours:>17.1f} "

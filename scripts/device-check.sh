@@ -20,8 +20,8 @@
 #      racecheck on the GPU's (small sizes)
 #   3. the measured bf16 matrix-product ceiling (torch.matmul, 8192^3) and the attention grid beside
 #      PyTorch's SDPA (perf_tests/compare_sdpa.py --device cuda: bf16, N 4K and 16K, D 64 and 128,
-#      causal or not, forward and forward + backward, 16 heads), with the default forward program
-#      and with the warpgroup one (wgmma; sdpa_warpgroup.json)
+#      causal or not, forward and forward + backward, 16 heads), with the default programs and with
+#      the warpgroup ones (wgmma; sdpa_warpgroup.json)
 #   4. every other test on Kokkos::Cuda: core's cases, memory, and at one MPI rank parallel and
 #      train; and under cuda-gdb the emulated case that crashes on Kokkos::Serial in this build
 #   5. several ranks on the one GPU: NCCL refuses ranks that share a GPU, so the communicator
@@ -132,7 +132,7 @@ EOF
   if [ "$steps" != tests ]; then
     step core_tensor_cores 90 "$bin/longattn_core_tests" --warn NoTests "[tensor_cores]" -r junit \
       -o "$out/core_tensor_cores.xml"
-    local gpu_cases="tensor-core attention matches the double reference - Targets - 1,tensor-core attention: the warpgroup forward program (wgmma) matches the double reference - Targets - 1"
+    local gpu_cases="tensor-core attention matches the double reference - Targets - 1,tensor-core attention: the warpgroup programs (wgmma) match the double reference - Targets - 1"
     step memcheck 60 env LONGATTN_TEST_SIZE=small compute-sanitizer --tool memcheck --error-exitcode 1 \
       "$bin/longattn_core_tests" --warn NoTests "$gpu_cases"
     step racecheck 90 env LONGATTN_TEST_SIZE=small compute-sanitizer --tool racecheck --racecheck-report hazard \
@@ -154,7 +154,7 @@ EOF
     step sdpa 200 python3 "$root/perf_tests/compare_sdpa.py" --device cuda --bench "$bin/longattn_bench_attention" \
       --dtypes bf16 --tokens 4096 16384 --head-dims 64 128 --heads 16 --repeat 1 --json "$out/sdpa.json"
     step sdpa_warpgroup 200 python3 "$root/perf_tests/compare_sdpa.py" --device cuda \
-      --bench "$bin/longattn_bench_attention" --forward-program warpgroup --dtypes bf16 --tokens 4096 16384 \
+      --bench "$bin/longattn_bench_attention" --program warpgroup --dtypes bf16 --tokens 4096 16384 \
       --head-dims 64 128 --heads 16 --repeat 1 --json "$out/sdpa_warpgroup.json"
   fi
 

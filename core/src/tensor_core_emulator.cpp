@@ -43,6 +43,7 @@ namespace {
 constexpr int warp_size = 32;
 constexpr int warpgroup_size = 128;
 constexpr std::size_t shared_limit = 227 * 1024;  // an H100's dynamic shared memory per block, opted in
+constexpr int register_file = 65536;               // 32-bit registers an SM
 constexpr std::size_t stack_bytes = 256 * 1024;
 constexpr unsigned never = std::numeric_limits<unsigned>::max();
 
@@ -214,13 +215,14 @@ struct Wgmma {
   std::uint32_t a[warpgroup_size][4] = {};
 };
 
-enum class GroupOp { fence, wgmma, commit, wait };
+enum class GroupOp { fence, wgmma, commit, wait, setmaxnreg };
 const char* name(GroupOp op) {
   switch (op) {
     case GroupOp::fence: return "wgmma.fence";
     case GroupOp::wgmma: return "wgmma.mma_async";
     case GroupOp::commit: return "wgmma.commit_group";
     case GroupOp::wait: return "wgmma.wait_group";
+    case GroupOp::setmaxnreg: return "setmaxnreg";
   }
   return "?";
 }
@@ -234,6 +236,8 @@ struct WarpgroupState {
   GroupOp op = GroupOp::fence;
   Wgmma issuing;
   bool fenced = false;  // a wgmma.fence since the last wait
+  int registers = 0;     // per thread (setmaxnreg)
+  int asked_registers = 0, asked_increase = 0;  // a setmaxnreg's operands as its threads gave them
   std::vector<Wgmma> open;
   std::deque<std::vector<Wgmma>> committed;
 };
@@ -253,6 +257,7 @@ struct Cta {
   std::vector<Fiber>* fibers = nullptr;
   std::vector<WarpState> warps;
   std::vector<WarpgroupState> warpgroups;  // threads / 128 of them (the whole ones)
+  unsigned register_generation = 0;        // setmaxnreg.dec completed (registers freed)
   std::vector<Word> words;
   std::deque<Mbarrier> mbarriers;  // a deque: waiting fibers hold pointers to its elements
   std::deque<TmaCopy> tma_in_flight;
@@ -903,6 +908,15 @@ void resume(Cta& c, Fiber& f) {
   finish_switch(c.scheduler_fake_stack, nullptr, nullptr);
 }
 
+// The registers a thread has at launch where a CTA of `threads` runs alone on an SM: each of the
+// SM's four sub-partitions holds 16K registers (64K in all) and every fourth warp of the CTA, so
+// the sub-partition with the most warps bounds them (a multiple of 8, at most 255: 168 at 9-12
+// warps, 224 would need 8 at most).
+int launch_registers(int threads) {
+  const int warps_per_partition = (threads / warp_size + 3) / 4;
+  return std::min(255 / 8 * 8, register_file / 4 / (warp_size * warps_per_partition) / 8 * 8);
+}
+
 void run_cta(Cta& c) {
   std::vector<Fiber>& fibers = *c.fibers;
   for (int t = 0; t < c.threads; ++t) {
@@ -987,6 +1001,7 @@ void Emulator::run(const void* program, Body body, int ctas, int threads, std::s
     c.epoch = 0;
     for (WarpState& w : c.warps) w.arrived = 0;
     for (WarpgroupState& g : c.warpgroups) g = WarpgroupState{};
+    for (WarpgroupState& g : c.warpgroups) g.registers = launch_registers(threads);
     for (NamedBarrier& b : c.named) b = NamedBarrier{0, 0, 0, std::vector<bool>(std::size_t(threads), false)};
     c.mbarriers.clear();
     c.tma_in_flight.clear();
@@ -1179,6 +1194,42 @@ void wgmma_wait(int pending) {
     }
     g.fenced = false;
   });
+}
+
+// setmaxnreg.{inc,dec}.sync.aligned.u32 (PTX ISA, setmaxnreg): the warpgroup's threads ask for
+// `registers` each (24-256, a multiple of 8; inc: at least, dec: at most what they have). The
+// registers of a sub-partition (a quarter of the SM's, one warp of each warpgroup) are shared, so
+// an increase waits until the warpgroups' sum fits them: until others decreased.
+void setmaxnreg(int registers, bool increase) {
+  warpgroup_collective(
+      GroupOp::setmaxnreg,
+      [&](WarpgroupState& g, int t) {
+        if (t == 0 || g.arrived == 0) {
+          g.asked_registers = registers;
+          g.asked_increase = increase;
+        } else if (g.asked_registers != registers || g.asked_increase != int(increase)) {
+          fail("gives setmaxnreg operands that differ from its warpgroup's");
+        }
+      },
+      [&](WarpgroupState& g, int) {
+        const char* what = increase ? "setmaxnreg.inc" : "setmaxnreg.dec";
+        if (registers < 24 || registers > 256 || registers % 8 != 0)
+          fail("%s %d: 24-256 registers, a multiple of 8", what, registers);
+        if (increase ? registers < g.registers : registers > g.registers)
+          fail("%s %d where the warpgroup's threads have %d registers", what, registers, g.registers);
+        Cta& c = cta();
+        const auto others = [&] {
+          int sum = 0;
+          for (const WarpgroupState& other : c.warpgroups) sum += &other == &g ? 0 : other.registers;
+          return sum;
+        };
+        while (increase && warp_size * (others() + registers) > register_file / 4)
+          block_until_changed(&c.register_generation, c.register_generation,
+                              "setmaxnreg.inc (the registers it asks for are not free)");
+        g.registers = registers;
+        if (!increase) ++c.register_generation;
+        ++totals.setmaxnreg;
+      });
 }
 
 void fence_proxy_async() {

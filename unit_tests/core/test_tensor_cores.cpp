@@ -403,7 +403,7 @@ using Targets = std::tuple<Emulated, OnGpu>;
 using Targets = std::tuple<Emulated>;
 #endif
 
-// Whether the warpgroup forward program runs on a target (the emulation: always).
+// Whether the warpgroup programs run on a target (the emulation: always).
 template <class Target>
 bool warpgroup_program_runs() {
 #ifdef KOKKOS_ENABLE_CUDA
@@ -453,7 +453,8 @@ struct Run {
   const longattn::BlockSparseLayout<Exec>* layout = nullptr;  // with `mask`, its pattern
   const longattn::test::BlockMask* mask = nullptr;
   bool allow_tf32 = true;  // AttentionOptions::allow_tf32: float on the tensor cores
-  longattn::TensorCoreForward forward_program = longattn::TensorCoreForward::automatic;
+  longattn::TensorCoreProgram forward_program = longattn::TensorCoreProgram::automatic;
+  longattn::TensorCoreProgram backward_program = longattn::TensorCoreProgram::automatic;
   bool forward_on_tensor_cores = true, backward_on_tensor_cores = true;
 };
 
@@ -469,8 +470,9 @@ void check_attention(const Run<typename Target::Exec>& run, std::mt19937_64& rng
   INFO(describe(s, run.causal) << ", " << longattn::detail::scalar_name<T>() << ", " << name(run.form)
                                << ", output scale " << run.output_scale
                                << (run.accumulate_gradients ? ", accumulating gradients" : "")
-                               << (run.layout ? ", block-sparse" : "") << ", forward program "
-                               << longattn::to_string(run.forward_program) << ", on " << Exec::name());
+                               << (run.layout ? ", block-sparse" : "") << ", programs "
+                               << longattn::to_string(run.forward_program) << " (forward), "
+                               << longattn::to_string(run.backward_program) << " (backward), on " << Exec::name());
   const HostTensor q = random_tensor<T>(s.batch, s.queries, s.heads, s.head_dim, rng);
   const HostTensor k = random_tensor<T>(s.batch, s.keys, s.heads, s.head_dim, rng);
   const HostTensor v = random_tensor<T>(s.batch, s.keys, s.heads, s.head_dim, rng);
@@ -520,6 +522,7 @@ void check_attention(const Run<typename Target::Exec>& run, std::mt19937_64& rng
   opts.deterministic = run.form == Form::deterministic;
   opts.allow_tf32 = run.allow_tf32;
   opts.tensor_core_forward = run.forward_program;
+  opts.tensor_core_backward = run.backward_program;
   if (run.form == Form::two_passes) opts.backward_passes = longattn::BackwardPasses::two;
   const Exec exec;
   std::int64_t grids = tc::launched_grids();
@@ -531,7 +534,7 @@ void check_attention(const Run<typename Target::Exec>& run, std::mt19937_64& rng
   CHECK((tc::launched_grids() > grids) == run.forward_on_tensor_cores);
   if (Target::emulated) {
     CHECK(Emulator::counters().ldmatrix_conflict_wavefronts == 0);  // padded tiles
-    const bool warpgroup = run.forward_program == longattn::TensorCoreForward::warpgroup;
+    const bool warpgroup = run.forward_program == longattn::TensorCoreProgram::warpgroup;
     CHECK((Emulator::counters().wgmma > 0) == warpgroup);
     CHECK((Emulator::counters().tma > 0) == warpgroup);
     CHECK((Emulator::counters().named_barriers > 0) == warpgroup);  // the consumers' turns
@@ -543,9 +546,13 @@ void check_attention(const Run<typename Target::Exec>& run, std::mt19937_64& rng
   else
     longattn::attention_backward<Tiles>(exec, qd, kd, vd, o, dod, lse, dq, dk, dv, opts);
   CHECK((tc::launched_grids() > grids) == run.backward_on_tensor_cores);
-  if (Target::emulated) {  // dQ summed by atomics exactly in the one-pass form
-    CHECK((Emulator::counters().atomics > 0) == (run.backward_on_tensor_cores && run.form == Form::atomic));
+  if (Target::emulated) {  // dQ summed by atomics exactly in the warp-level one-pass form
+    const bool warpgroup = run.backward_program == longattn::TensorCoreProgram::warpgroup;
+    CHECK((Emulator::counters().atomics > 0) == (run.backward_on_tensor_cores && run.form == Form::atomic && !warpgroup));
     CHECK(Emulator::counters().ldmatrix_conflict_wavefronts == 0);
+    CHECK((Emulator::counters().wgmma > 0) == warpgroup);
+    CHECK((Emulator::counters().tma > 0) == warpgroup);
+    CHECK((Emulator::counters().setmaxnreg > 0) == warpgroup);  // the producer's registers to the consumers
   }
   exec.fence();
 
@@ -620,7 +627,7 @@ TEMPLATE_LIST_TEST_CASE("tensor-core attention: two passes, output_scale, accumu
   check_attention<TestType, float>(other, rng);
 }
 
-TEMPLATE_LIST_TEST_CASE("tensor-core attention: the warpgroup forward program (wgmma) matches the double reference",
+TEMPLATE_LIST_TEST_CASE("tensor-core attention: the warpgroup programs (wgmma) match the double reference",
                         "[core][tensor_cores]", Targets) {
   using Exec = typename TestType::Exec;
   using Run = Run<Exec>;
@@ -638,8 +645,8 @@ TEMPLATE_LIST_TEST_CASE("tensor-core attention: the warpgroup forward program (w
   const std::vector<Shape> shapes(all.begin(), all.begin() + longattn::test::test_size(4, 2));
   for (const Shape& s : shapes)
     for (bool causal : {false, true}) {
-      Run run{s, causal, causal ? Form::atomic : Form::deterministic, causal ? 0.5 : 1.0};
-      run.forward_program = longattn::TensorCoreForward::warpgroup;
+      Run run{s, causal, causal ? Form::atomic : Form::deterministic, causal ? 0.5 : 1.0, !causal};
+      run.forward_program = run.backward_program = longattn::TensorCoreProgram::warpgroup;
       check_attention<TestType, longattn::bfloat16>(run, rng);
       check_attention<TestType, longattn::float16>(run, rng);
     }
@@ -655,7 +662,7 @@ TEMPLATE_LIST_TEST_CASE("tensor-core attention: the warpgroup forward program (w
     Kokkos::View<longattn::bfloat16****, Kokkos::LayoutRight, Memory> o("o", 1, 100, 2, 128), o_acc("o acc", 1, 100, 2, 128);
     Kokkos::View<float***, Memory> lse("lse", 1, 2, 100), lse_acc("lse acc", 1, 2, 100);
     longattn::AttentionOptions whole;
-    whole.tensor_core_forward = longattn::TensorCoreForward::warpgroup;
+    whole.tensor_core_forward = longattn::TensorCoreProgram::warpgroup;
     whole.causal = true;
     whole.query_offset = 120;
     longattn::attention_forward<typename TestType::Tiles>(exec, qd, kvd, kvd, o, lse, whole);
@@ -672,19 +679,26 @@ TEMPLATE_LIST_TEST_CASE("tensor-core attention: the warpgroup forward program (w
           2 * tensor_core_tolerance<longattn::bfloat16>());
     CHECK(relative_error(longattn::test::to_host(lse_acc), longattn::test::to_host(lse)) <= 1e-5);
   }
-  // Where it cannot run: float (TF32), head dim 256.
+  // Where they cannot run: float (TF32), head dim 256; the backward one in one pass.
   longattn::AttentionOptions opts;
-  opts.tensor_core_forward = longattn::TensorCoreForward::warpgroup;
+  opts.tensor_core_forward = opts.tensor_core_backward = longattn::TensorCoreProgram::warpgroup;
   opts.allow_tf32 = true;
   using Device4 = Kokkos::View<float****, Kokkos::LayoutRight, typename Exec::memory_space>;
-  Device4 x("x", 1, 64, 1, 64), y("y", 1, 64, 1, 64);
+  Device4 x("x", 1, 64, 1, 64), y("y", 1, 64, 1, 64), dx("dx", 1, 64, 1, 64), dz("dz", 1, 64, 1, 64);
   Kokkos::View<float***, typename Exec::memory_space> lse("lse", 1, 1, 64);
   CHECK_THROWS_WITH(longattn::attention_forward<typename TestType::Tiles>(exec, x, x, x, y, lse, opts),
                     Catch::Contains("opts.tensor_core_forward") && Catch::Contains("16-bit tensors at head dims 64 and 128"));
+  CHECK_THROWS_WITH(longattn::attention_backward<typename TestType::Tiles>(exec, x, x, x, x, x, lse, y, dx, dz, opts),
+                    Catch::Contains("opts.tensor_core_backward") && Catch::Contains("16-bit tensors at head dims 64 and 128"));
   using Half4 = Kokkos::View<longattn::bfloat16****, Kokkos::LayoutRight, typename Exec::memory_space>;
   Half4 wide("wide", 1, 64, 1, 256), wide_o("wide_o", 1, 64, 1, 256);
   CHECK_THROWS_WITH(longattn::attention_forward<typename TestType::Tiles>(exec, wide, wide, wide, wide_o, lse, opts),
                     Catch::Contains("opts.tensor_core_forward"));
+  Half4 narrow("narrow", 1, 64, 1, 64), dq("dq", 1, 64, 1, 64), dk("dk", 1, 64, 1, 64), dv("dv", 1, 64, 1, 64);
+  opts.backward_passes = longattn::BackwardPasses::one;
+  CHECK_THROWS_WITH(longattn::attention_backward<typename TestType::Tiles>(exec, narrow, narrow, narrow, narrow, narrow,
+                                                                           lse, dq, dk, dv, opts),
+                    Catch::Contains("opts.backward_passes") && Catch::Contains("tensor_core_backward = warpgroup"));
 }
 
 TEMPLATE_LIST_TEST_CASE("tensor-core attention: block-sparse layouts visit only their blocks", "[core][tensor_cores]",
@@ -723,7 +737,7 @@ TEMPLATE_LIST_TEST_CASE("tensor-core attention: block-sparse layouts visit only 
       Run warpgroup{s, true, Form::atomic};
       warpgroup.layout = &layout;
       warpgroup.mask = &mask;
-      warpgroup.forward_program = longattn::TensorCoreForward::warpgroup;
+      warpgroup.forward_program = warpgroup.backward_program = longattn::TensorCoreProgram::warpgroup;
       check_attention<TestType, longattn::float16>(warpgroup, rng);
     }
     // A causal local window, shared by every head.
@@ -1022,6 +1036,37 @@ TEST_CASE("the emulation's TMA copies and mbarriers: boxes, swizzle and zeros; w
                       if (thread == 0) EmulatedWarp::tma_load(shared + 64, token_map(), 0, 0, 0, 0, barrier_offset);
                     }),
                     Contains("cp.async.bulk.tensor at shared offset 64 is not aligned to 128 bytes"));
+}
+
+TEST_CASE("the emulation's setmaxnreg: registers move between warpgroups within a sub-partition's",
+          "[core][tensor_cores][errors]") {
+  using Catch::Contains;
+  // Three warpgroups start with 168 registers a thread: the third gives back all but 24, the
+  // first two take 240 (504 of 512), the second waiting until the third gave (it asks first).
+  Emulator::reset_counters();
+  CHECK_NOTHROW(emulate<384>([](char*, int thread) {
+    if (thread / 128 == 2) EmulatedWarp::setmaxnreg_dec<24>();
+    if (thread / 128 < 2) EmulatedWarp::setmaxnreg_inc<240>();
+  }));
+  CHECK(Emulator::counters().setmaxnreg == 2 * 3);
+  CHECK_THROWS_WITH(emulate<384>([](char*, int thread) {  // 40 + 2 x 240 > 512: never free
+                      if (thread / 128 == 2) EmulatedWarp::setmaxnreg_dec<40>();
+                      if (thread / 128 < 2) EmulatedWarp::setmaxnreg_inc<240>();
+                    }),
+                    Contains("deadlocks; waiting: thread") && Contains(" at setmaxnreg"));
+  CHECK_THROWS_WITH(emulate<256>([](char*, int thread) {
+                      if (thread / 128 == 0) EmulatedWarp::setmaxnreg_dec<244>();
+                    }),
+                    Contains("setmaxnreg.dec 244: 24-256 registers, a multiple of 8"));
+  CHECK_THROWS_WITH(emulate<256>([](char*, int) { EmulatedWarp::setmaxnreg_inc<128>(); }),
+                    Contains("setmaxnreg.inc 128 where the warpgroup's threads have 248 registers"));
+  CHECK_THROWS_WITH(emulate<128>([](char*, int thread) {
+                      if (thread < 64)
+                        EmulatedWarp::setmaxnreg_dec<64>();
+                      else
+                        EmulatedWarp::setmaxnreg_dec<72>();
+                    }),
+                    Contains("gives setmaxnreg operands that differ from its warpgroup's"));
 }
 
 TEST_CASE("the emulation's named barriers: turns in order; counts, whole warps and leftover arrivals checked",

@@ -98,8 +98,9 @@ struct AttentionOptions {
   // (PyTorch's allow_tf32). Off: the portable kernels, float throughout. Other types and
   // configurations ignore it.
   bool allow_tf32 = false;
-  // The tensor-core forward program of 16-bit calls at head dims 64 and 128 (attention_tiles.hpp).
-  TensorCoreForward tensor_core_forward = TensorCoreForward::automatic;
+  // The tensor-core programs of 16-bit calls at head dims 64 and 128 (attention_tiles.hpp).
+  TensorCoreProgram tensor_core_forward = TensorCoreProgram::automatic;
+  TensorCoreProgram tensor_core_backward = TensorCoreProgram::automatic;
   // On a host space the kernels read the tensors they stream past a resident block (forward: K
   // and V; backward: Q and dO in the one-pass form and the dK/dV pass, K and V in the dQ pass)
   // from head-major copies ([B][H][N][D]: each head's rows together) that they take from the
@@ -598,6 +599,10 @@ void AttentionKernels<ExecSpace, S, Pattern, Tiles>::backward(const Context& con
               "two or automatic with opts.deterministic (on tensor cores the one-pass form sums dQ atomically)");
       tensor_core::BackwardChoice choice;
       choice.deterministic = opts.deterministic || opts.backward_passes == BackwardPasses::two;
+      choice.program = opts.tensor_core_backward;
+      require(choice.program != TensorCoreProgram::warpgroup || opts.backward_passes != BackwardPasses::one,
+              "longattn::attention_backward", "opts.backward_passes", "one",
+              "two or automatic with opts.tensor_core_backward = warpgroup (its dQ is a pass of its own)");
       TensorCores::backward(context, q, k, v, o, d_o, lse, dq, dk, dv, geo, pattern, float(scale),
                             float(scale_log2), float(opts.output_scale), opts.accumulate_gradients, choice);
       return;

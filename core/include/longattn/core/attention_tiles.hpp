@@ -79,17 +79,19 @@ struct ThreadTiles {
 // 256 threads give each its own wavefront (a 64 x 64 product is 4 micro-tiles per thread).
 using WavefrontTiles = ThreadTiles<256>;
 
-// The tensor-core forward program of a 16-bit call at head dim 64 or 128 (TensorCoreTiles):
+// The tensor-core program of a 16-bit call at head dim 64 or 128 (TensorCoreTiles), forward
+// (AttentionOptions::tensor_core_forward) and backward (tensor_core_backward):
 //   warp       warp-level mma.sync (FlashAttention-2's structure; every GPU from sm_80)
-//   warpgroup  Hopper's warpgroup wgmma from shared-memory descriptors (sm_90a: an H100 or H200,
-//              with a build that compiled sm_90a code, as the CUDA builds do); asking for it on
-//              a call the tensor-core kernels take and it cannot run (TF32, head dim 256, another
-//              GPU) is a longattn::Error
-//   automatic  warp: the warpgroup program has not yet run on a GPU (docs/design.md)
+//   warpgroup  Hopper's warpgroup wgmma from shared-memory descriptors, tiles by the tensor copy
+//              engine (sm_90a: an H100 or H200, with a build that compiled sm_90a code, as the
+//              CUDA builds do); backward: dK and dV by it, dQ by the warp-level dQ pass (the
+//              two-pass form). Asking for it on a call the tensor-core kernels take and it cannot
+//              run (TF32, head dim 256, another GPU, backward_passes = one) is a longattn::Error
+//   automatic  warp: the warpgroup programs have not yet run on a GPU (docs/design.md)
 // Calls the tensor-core kernels do not take ignore it.
-enum class TensorCoreForward { automatic, warp, warpgroup };
-inline const char* to_string(TensorCoreForward program) {
-  return program == TensorCoreForward::automatic ? "automatic" : program == TensorCoreForward::warp ? "warp" : "warpgroup";
+enum class TensorCoreProgram { automatic, warp, warpgroup };
+inline const char* to_string(TensorCoreProgram program) {
+  return program == TensorCoreProgram::automatic ? "automatic" : program == TensorCoreProgram::warp ? "warp" : "warpgroup";
 }
 
 namespace detail::tensor_core {

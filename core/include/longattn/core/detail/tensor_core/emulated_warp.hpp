@@ -34,6 +34,10 @@
 //     waiting for that phase. Copies land at once in even CTAs and as late as possible (when no
 //     thread can run) in odd ones: both are what a GPU may do, and a program that misses a wait
 //     (full or empty) reads the wrong data in one of them;
+//   - setmaxnreg (a warpgroup collective): 24-256 registers, a multiple of 8, the warpgroup's
+//     threads agreeing, inc never below nor dec above what they have; an increase waits until
+//     the warpgroups' registers fit an SM sub-partition's (from what a lone CTA of that many
+//     threads has at launch), so one that nothing frees deadlocks;
 //   - wgmma (warpgroup collectives of 128 threads): a wgmma.fence since the last wait, operands
 //     the same in every thread, shared memory it reads written with a fence.proxy.async of the
 //     writer since, nothing left to wait for when a thread finishes; a wgmma computes when its
@@ -65,6 +69,7 @@ struct EmulationCounters {
   std::int64_t shuffles = 0;
   std::int64_t barriers = 0;
   std::int64_t named_barriers = 0;  // phases of bar.sync / bar.arrive completed
+  std::int64_t setmaxnreg = 0;      // warpgroups' setmaxnreg
   std::int64_t atomics = 0;
 };
 
@@ -111,6 +116,7 @@ void wgmma_fence();
 void wgmma_commit();
 void wgmma_wait(int pending);
 void fence_proxy_async();
+void setmaxnreg(int registers, bool increase);
 void load_shared(const void* address, void* value, std::size_t bytes);
 void tma_load(void* tile, const TileMap& map, int x, int token, int head, int batch, std::uint32_t barrier);
 void mbarrier_init(std::uint32_t barrier, int arrivals);
@@ -207,6 +213,14 @@ struct EmulatedWarp {
   template <int N>
   KOKKOS_INLINE_FUNCTION static void fence_accumulators(float (&)[N][4]) {}
   KOKKOS_INLINE_FUNCTION static void fence_proxy_async() { LONGATTN_EMULATED(emulation::fence_proxy_async(), void()); }
+  template <int Registers>
+  KOKKOS_INLINE_FUNCTION static void setmaxnreg_inc() {
+    LONGATTN_EMULATED(emulation::setmaxnreg(Registers, true), void());
+  }
+  template <int Registers>
+  KOKKOS_INLINE_FUNCTION static void setmaxnreg_dec() {
+    LONGATTN_EMULATED(emulation::setmaxnreg(Registers, false), void());
+  }
   using TensorMap = TileMap;
   KOKKOS_INLINE_FUNCTION static void tma_load(void* tile, const TensorMap& map, int x, int token, int head, int batch,
                                               std::uint32_t barrier) {

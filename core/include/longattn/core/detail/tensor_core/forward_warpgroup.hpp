@@ -32,9 +32,9 @@
 //            epilogue), LSE
 //
 // Per consumer thread: S 32 floats, O D / 2, P 16 registers. Registers are not moved from the
-// producer to the consumers (setmaxnreg, which works on whole warpgroups): the producer is one
-// warp, so 288 threads leave every thread 224 registers, more than the consumers use (ptxas:
-// 123 at D = 64, 157 at D = 128).
+// producer to the consumers (setmaxnreg, which works on whole warpgroups; the backward program
+// does): 9 warps leave every thread 168 registers (an SM sub-partition's 16K over the 3 warps it
+// holds), more than the consumers use (ptxas: 123 at D = 64, 157 at D = 128).
 #pragma once
 
 #include <Kokkos_Core.hpp>
@@ -43,6 +43,7 @@
 
 #include "longattn/core/detail/tensor_core/forward.hpp"
 #include "longattn/core/detail/tensor_core/fragments.hpp"
+#include "longattn/core/detail/tensor_core/stages.hpp"
 #include "longattn/core/detail/tensor_core/tiles.hpp"
 #include "longattn/core/detail/tensor_core/warpgroup.hpp"
 
@@ -62,8 +63,8 @@ struct WarpgroupForwardProgram {
   static constexpr int min_ctas_per_sm = 1;
   static constexpr std::size_t q_bytes = swizzled_tile_bytes(query_rows, D), kv_bytes = swizzled_tile_bytes(L, D);
   static constexpr std::size_t stage_bytes = 2 * kv_bytes;  // K, then V
-  static constexpr std::size_t barriers_bytes = 8 * (1 + 2 * stages);
-  static constexpr std::size_t shared_bytes = swizzle_bytes + q_bytes + stages * stage_bytes + barriers_bytes;
+  using Barriers = StageBarriers<stages>;  // resident: Q's
+  static constexpr std::size_t shared_bytes = swizzle_bytes + q_bytes + stages * stage_bytes + Barriers::bytes;
   static_assert(shared_bytes <= max_shared_bytes, "the tiles fit an H100's shared memory");
   static_assert(consumers * 4 * tile_bytes<S>(16, D) <= stages * stage_bytes, "the epilogue stages in K and V");
 
@@ -71,14 +72,6 @@ struct WarpgroupForwardProgram {
   TensorMap q_map, k_map, v_map;  // boxes of query_rows (Q) and L (K, V) rows
 
   int ctas() const { return rows.ctas(); }
-
-  // The mbarriers, by shared-memory address: Q's, then each stage's full and empty.
-  struct Barriers {
-    std::uint32_t first;
-    KOKKOS_INLINE_FUNCTION std::uint32_t query() const { return first; }
-    KOKKOS_INLINE_FUNCTION std::uint32_t full(int stage) const { return first + 8 * (1 + stage); }
-    KOKKOS_INLINE_FUNCTION std::uint32_t empty(int stage) const { return first + 8 * (1 + stages + stage); }
-  };
 
   // The probabilities of a block as the A operands of O += P V's k-steps, the V they multiply and
   // its stage.
@@ -108,14 +101,7 @@ struct WarpgroupForwardProgram {
     char* const sq = shared + (swizzle_bytes - Warp::shared_address(shared) % swizzle_bytes) % swizzle_bytes;
     char* const skv = sq + q_bytes;  // stage t: K at skv + t stage_bytes, V after it
     const Barriers barriers{Warp::shared_address(skv + stages * stage_bytes)};
-    if (thread == 0) {
-      Warp::mbarrier_init(barriers.query(), 1);
-      for (int t = 0; t < stages; ++t) {
-        Warp::mbarrier_init(barriers.full(t), 1);
-        Warp::mbarrier_init(barriers.empty(t), consumers);
-      }
-      Warp::fence_barrier_init();
-    }
+    if (thread == 0) barriers.template init<Warp>(consumers);
     Warp::sync_cta();
     if (group == consumers) {
       if (lane == 0) produce(visits, b, h, q_first, sq, skv, barriers);
@@ -130,7 +116,7 @@ struct WarpgroupForwardProgram {
     float m[2], l[2], o[D / 8][4];
     rows.start(b, h, first_row, lane, m, l, o);
     PendingProduct previous;
-    Warp::mbarrier_wait(barriers.query(), 0);
+    Warp::mbarrier_wait(barriers.resident(), 0);
     int block = 0;
     bool in_first = false, in_second = false;
     begin_turns(group);
@@ -143,7 +129,7 @@ struct WarpgroupForwardProgram {
         // Inside the turn (skipping is rare: a causal diagonal, a sparse layout).
         finish_probabilities_times_values(previous, o, barriers);
         pass_turn(group);
-        release(stage, barriers);
+        barriers.template release<Warp>(stage);
         continue;
       }
       const std::uint32_t k_address = kv_address + std::uint32_t(stage * stage_bytes);
@@ -155,7 +141,7 @@ struct WarpgroupForwardProgram {
       Warp::fence_accumulators(s);
       Warp::fence_accumulators(o);
       Warp::wgmma_fence();  // s, o and the probabilities were written by ordinary instructions
-      issue_scores(q_address, k_address, group, s);
+      issue_rows_times_rows<Warp, S, D, L>(s, q_address, query_rows, L * group, k_address);  // S = Q K^T
       Warp::wgmma_commit();
       issue_probabilities_times_values(previous, o);
       Warp::wgmma_commit();  // an empty group where nothing is pending
@@ -167,7 +153,7 @@ struct WarpgroupForwardProgram {
       Warp::template wgmma_wait<0>();
       Warp::fence_accumulators(o);
       RowTiles::rescale(o, alpha);
-      if (previous.pending) release(previous.stage, barriers);
+      if (previous.pending) barriers.template release<Warp>(previous.stage);
       LONGATTN_WARP_UNROLL
       for (int kk = 0; kk < L / 16; ++kk) a_from_accumulators<Warp, S>(s, kk, previous.p[kk]);
       previous.v_address = k_address + std::uint32_t(kv_bytes);
@@ -185,51 +171,15 @@ struct WarpgroupForwardProgram {
   // refilled once both consumer warpgroups released it.
   KOKKOS_INLINE_FUNCTION void produce(BlockUnion visits, int b, int h, int q_first, char* sq, char* skv,
                                       const Barriers& barriers) const {
-    Warp::mbarrier_arrive_expect_tx(barriers.query(), std::uint32_t(q_bytes));
-    LONGATTN_WARP_UNROLL
-    for (int panel = 0; panel < D / panel_values; ++panel)
-      Warp::tma_load(sq + panel * panel_bytes(query_rows), q_map, panel * panel_values, q_first, h, b,
-                     barriers.query());
-    int block = 0;
-    bool in_first = false, in_second = false;
-    for (int i = 0; visits.next(block, in_first, in_second); ++i) {
-      const int stage = i % stages;
-      if (i >= stages) Warp::mbarrier_wait(barriers.empty(stage), (i / stages - 1) % 2);
-      char* const k_tile = skv + stage * stage_bytes;
-      Warp::mbarrier_arrive_expect_tx(barriers.full(stage), std::uint32_t(stage_bytes));
-      LONGATTN_WARP_UNROLL
-      for (int panel = 0; panel < D / panel_values; ++panel) {
-        Warp::tma_load(k_tile + panel * panel_bytes(L), k_map, panel * panel_values, block * L, h, b,
-                       barriers.full(stage));
-        Warp::tma_load(k_tile + kv_bytes + panel * panel_bytes(L), v_map, panel * panel_values, block * L, h, b,
-                       barriers.full(stage));
-      }
-    }
+    Warp::mbarrier_arrive_expect_tx(barriers.resident(), std::uint32_t(q_bytes));
+    tma_load_rows<Warp, D>(sq, q_map, query_rows, q_first, h, b, barriers.resident());
+    stream_block_pairs<Warp, D>(visits, skv, k_map, v_map, h, b, barriers);
   }
 
-  // A consumer warpgroup is done with a stage: one of its threads arrives on the stage's empty
-  // barrier (after the warpgroup's wait for the products that read it).
-  KOKKOS_INLINE_FUNCTION static void release(int stage, const Barriers& barriers) {
-    if (Warp::thread() % warpgroup_threads == 0) Warp::mbarrier_arrive(barriers.empty(stage));
-  }
-
-  // s += Q K^T for the warpgroup's 64 queries and the stage's 64 keys (issued, not waited for).
-  KOKKOS_INLINE_FUNCTION static void issue_scores(std::uint32_t q_address, std::uint32_t k_address, int group,
-                                                  float (&s)[L / 8][4]) {
-    LONGATTN_WARP_UNROLL
-    for (int kk = 0; kk < D / 16; ++kk)
-      Warp::template wgmma<operand_of<S>, L>(s, k_major_descriptor(q_address, query_rows, L * group, 16 * kk),
-                                             k_major_descriptor(k_address, L, 0, 16 * kk));
-  }
-
-  // O += P V of a pending block: the probabilities' k-steps (16 keys) as A, V's rows k0 .. k0 + 15
-  // as the MN-major B (issued, not committed or waited for).
+  // O += P V of a pending block (issued, not committed or waited for).
   KOKKOS_INLINE_FUNCTION static void issue_probabilities_times_values(const PendingProduct& previous,
                                                                       float (&o)[D / 8][4]) {
-    if (!previous.pending) return;
-    LONGATTN_WARP_UNROLL
-    for (int kk = 0; kk < L / 16; ++kk)
-      Warp::template wgmma<operand_of<S>, D>(o, previous.p[kk], mn_major_descriptor(previous.v_address, L, 16 * kk));
+    if (previous.pending) issue_operands_times_rows<Warp, S, D>(o, previous.p, previous.v_address);
   }
 
   // The pending O += P V issued and waited for, its stage released. Issue and wait sit in one
@@ -243,7 +193,7 @@ struct WarpgroupForwardProgram {
     Warp::wgmma_commit();
     Warp::template wgmma_wait<0>();
     Warp::fence_accumulators(o);
-    release(previous.stage, barriers);
+    barriers.template release<Warp>(previous.stage);
     previous.pending = false;
   }
 

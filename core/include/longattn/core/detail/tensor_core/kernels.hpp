@@ -11,11 +11,11 @@
 // reads are the parameter's own bytes), and a launcher turns a TileMap (warpgroup.hpp) into its
 // warp's tensor map: CudaLaunch by the driver's cuTensorMapEncodeTiled (found through the runtime's
 // driver entry points: no link to the driver library), the emulation as it is.
-// 16-bit forward calls at head dims 64 and 128 run the warp-level program or the warpgroup one
-// (forward_warpgroup.hpp; AttentionOptions::tensor_core_forward), which runs where the device is
-// an sm_90 one (compute capability 9.0) and the translation unit that launches it compiled sm_90a
-// code: the library's CUDA kernel files (core/CMakeLists.txt defines LONGATTN_SM90A there); the
-// emulation runs it anywhere.
+// 16-bit calls at head dims 64 and 128 run the warp-level programs or the warpgroup ones
+// (forward_warpgroup.hpp, backward_warpgroup.hpp; AttentionOptions::tensor_core_forward and
+// tensor_core_backward), which run where the device is an sm_90 one (compute capability 9.0) and
+// the translation unit that launches them compiled sm_90a code: the library's CUDA kernel files
+// (core/CMakeLists.txt defines LONGATTN_SM90A there); the emulation runs them anywhere.
 // The kernels take 16-bit tensors (bfloat16, float16), and float tensors where the caller allows
 // TF32, whose head dim is contiguous, whose other strides are whole 16-byte chunks and whose data
 // start on 16 bytes (cp.async copies 16-byte chunks), head dims 64 and 128 (16-bit forward also
@@ -34,6 +34,7 @@
 #include "longattn/core/half.hpp"
 #include "longattn/core/detail/attention_kernels.hpp"
 #include "longattn/core/detail/tensor_core/backward.hpp"
+#include "longattn/core/detail/tensor_core/backward_warpgroup.hpp"
 #include "longattn/core/detail/tensor_core/emulated_warp.hpp"
 #include "longattn/core/detail/tensor_core/forward.hpp"
 #include "longattn/core/detail/tensor_core/forward_warpgroup.hpp"
@@ -202,6 +203,7 @@ struct AddQueryGradientSums {
 // What a backward call asks of the tensor-core kernels beyond the forward's arguments.
 struct BackwardChoice {
   bool deterministic = false;  // dQ by a pass of its own (no atomics), as BackwardPasses::two
+  TensorCoreProgram program = TensorCoreProgram::automatic;  // warpgroup: dK and dV by wgmma, dQ by its pass
 };
 
 template <class Launch, class ExecSpace, class S, class Pattern>
@@ -233,7 +235,7 @@ struct TensorCoreKernels {
 
   static void forward(const Context& context, const Input& q, const Input& k, const Input& v, const Output& o,
                       const Tensor3<float, ExecSpace>& lse, const AttentionGeometry& geo, const Pattern& pattern,
-                      float scale_log2, float output_scale, bool accumulate, TensorCoreForward program) {
+                      float scale_log2, float output_scale, bool accumulate, TensorCoreProgram program) {
     ForwardArguments<S> args;
     args.q = tensor_of<const S>(q);
     args.k = tensor_of<const S>(k);
@@ -244,13 +246,8 @@ struct TensorCoreKernels {
     args.scale_log2 = scale_log2;
     args.output_scale = output_scale;
     args.accumulate = accumulate;
-    if (program == TensorCoreForward::warpgroup) {
-      require(is_half_v<S> && (geo.head_dim == 64 || geo.head_dim == 128), "longattn::attention_forward",
-              "opts.tensor_core_forward", "warpgroup",
-              "warp or automatic for this call (the warpgroup program takes 16-bit tensors at head dims 64 and 128)");
-      require(warpgroup_runs(context.exec()), "longattn::attention_forward", "opts.tensor_core_forward", "warpgroup",
-              "warp or automatic on this device (the warpgroup program runs on compute capability 9.0 from a "
-              "build with sm_90a code)");
+    if (program == TensorCoreProgram::warpgroup) {
+      require_warpgroup(context.exec(), geo, "longattn::attention_forward", "opts.tensor_core_forward");
       if constexpr (is_half_v<S>) {
         if (geo.head_dim == 64)
           run_warpgroup_forward<64>(context.exec(), args, pattern, q, k, v);
@@ -297,6 +294,16 @@ struct TensorCoreKernels {
     args.scale_log2 = scale_log2;
     args.output_scale = output_scale;
     args.accumulate = accumulate;
+    if (choice.program == TensorCoreProgram::warpgroup) {
+      require_warpgroup(context.exec(), geo, "longattn::attention_backward", "opts.tensor_core_backward");
+      if constexpr (is_half_v<S>) {
+        if (geo.head_dim == 64)
+          run_warpgroup_backward<64>(context.exec(), args, pattern, q, k, v, d_o);
+        else
+          run_warpgroup_backward<128>(context.exec(), args, pattern, q, k, v, d_o);
+      }
+      return;
+    }
     if (geo.head_dim == 64)
       backward_programs<64>(context, args, dq, geo, pattern, choice);
     else
@@ -304,6 +311,16 @@ struct TensorCoreKernels {
   }
 
  private:
+  // A warpgroup program was asked for (`option`): the call must be one it takes, on a device it runs on.
+  static void require_warpgroup(const ExecSpace& exec, const AttentionGeometry& geo, const char* where,
+                                const char* option) {
+    require(is_half_v<S> && (geo.head_dim == 64 || geo.head_dim == 128), where, option, "warpgroup",
+            "warp or automatic for this call (the warpgroup programs take 16-bit tensors at head dims 64 and 128)");
+    require(warpgroup_runs(exec), where, option, "warpgroup",
+            "warp or automatic on this device (the warpgroup programs run on compute capability 9.0 from a build "
+            "with sm_90a code)");
+  }
+
   template <int D>
   static void run_warpgroup_forward(const ExecSpace& exec, const ForwardArguments<S>& args, const Pattern& pattern,
                                     const Input& q, const Input& k, const Input& v) {
@@ -312,6 +329,18 @@ struct TensorCoreKernels {
                               Launch::tensor_map(tile_map_of(q, Program::query_rows)),
                               Launch::tensor_map(tile_map_of(k, block_tokens)),
                               Launch::tensor_map(tile_map_of(v, block_tokens))});
+  }
+
+  // dK and dV by the warpgroup program, then dQ by the warp-level dQ pass.
+  template <int D>
+  static void run_warpgroup_backward(const ExecSpace& exec, const BackwardArguments<S>& args, const Pattern& pattern,
+                                     const Input& q, const Input& k, const Input& v, const Input& d_o) {
+    using Program = WarpgroupKeyGradientProgram<Warp, S, D, Pattern>;
+    Launch::run(exec, Program{args, pattern, Launch::tensor_map(tile_map_of(q, block_tokens)),
+                              Launch::tensor_map(tile_map_of(k, Program::key_rows)),
+                              Launch::tensor_map(tile_map_of(v, Program::key_rows)),
+                              Launch::tensor_map(tile_map_of(d_o, block_tokens))});
+    Launch::run(exec, QueryGradientProgram<Warp, S, D, Pattern>{args, pattern});
   }
 
   template <int D>

@@ -50,6 +50,10 @@
 //                                                  in-flight accumulators across the wgmma
 //                                                  instructions (CUTLASS's warpgroup_fence_operand)
 //   void fence_proxy_async()                       fence.proxy.async.shared::cta
+//   template <int R> void setmaxnreg_inc(), setmaxnreg_dec()
+//                                                  setmaxnreg.{inc,dec}.sync.aligned.u32 R: the
+//                                                  warpgroup's threads take (waiting until free) or
+//                                                  give back registers, to R each
 //   TensorMap                                      the copy engine's tensor map (CUtensorMap; the
 //                                                  emulation's: TileMap, warpgroup.hpp)
 //   void tma_load(void* tile, const TensorMap& map, int x, int token, int head, int batch,
@@ -377,6 +381,19 @@ struct CudaWarp {
   KOKKOS_INLINE_FUNCTION static void fence_proxy_async() {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+  }
+
+  template <int Registers>
+  KOKKOS_INLINE_FUNCTION static void setmaxnreg_inc() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(Registers));
+#endif
+  }
+  template <int Registers>
+  KOKKOS_INLINE_FUNCTION static void setmaxnreg_dec() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(Registers));
 #endif
   }
 

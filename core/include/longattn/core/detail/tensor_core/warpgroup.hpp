@@ -94,6 +94,27 @@ KOKKOS_INLINE_FUNCTION constexpr std::uint64_t mn_major_descriptor(std::uint32_t
   return matrix_descriptor(tile + std::uint32_t(128 * k0), panel_bytes(rows), int(swizzle_bytes));
 }
 
+// The warpgroup's products, issued (not committed or waited for), S the 16-bit type:
+// acc (64 x N) += A B^T over the D columns of two swizzled tiles, both K-major: A rows m0 .. m0 + 63
+// of an [a_rows][D] tile, B the N rows of an [N][D] tile (S = Q K^T, S^T = K Q^T, dP^T = V dO^T).
+template <class Warp, class S, int D, int N>
+KOKKOS_INLINE_FUNCTION void issue_rows_times_rows(float (&acc)[N / 8][4], std::uint32_t a_tile, int a_rows, int m0,
+                                                  std::uint32_t b_tile) {
+  LONGATTN_WARP_UNROLL
+  for (int kk = 0; kk < D / 16; ++kk)
+    Warp::template wgmma<operand_of<S>, N>(acc, k_major_descriptor(a_tile, a_rows, m0, 16 * kk),
+                                           k_major_descriptor(b_tile, N, 0, 16 * kk));
+}
+// acc (64 x N) += A B: A 64 x K operands in registers (a k-step of 16 each), B the K rows of a
+// swizzled [K][N] tile as the MN-major operand (O += P V, dV += P^T dO, dK += dS^T Q).
+template <class Warp, class S, int N, int Steps>
+KOKKOS_INLINE_FUNCTION void issue_operands_times_rows(float (&acc)[N / 8][4], const std::uint32_t (&a)[Steps][4],
+                                                      std::uint32_t b_tile) {
+  LONGATTN_WARP_UNROLL
+  for (int kk = 0; kk < Steps; ++kk)
+    Warp::template wgmma<operand_of<S>, N>(acc, a[kk], mn_major_descriptor(b_tile, 16 * Steps, 16 * kk));
+}
+
 // A 16-bit [batch][tokens][heads][D] tensor as the copy engine sees it: extents and byte strides
 // innermost first (D, tokens, heads, batch), boxes of 64 values x box_rows tokens.
 struct TileMap {
