@@ -70,9 +70,8 @@ def element_class(name, phase):
                         "longattn::parallel::dilated_attention")) or "BlockSparseLayout" in name:
         return "attention"
     for prefix, cls in [("longattn::layer_norm_forward", "norm_forward"), ("longattn::layer_norm_backward", "norm_backward"),
-                        ("longattn::train::gelu_forward", "gelu_forward"),
-                        ("longattn::train::gelu_backward", "gelu_backward"), ("longattn::train::cross_entropy", "loss"),
-                        ("longattn::rotary_embedding", "rotary")]:
+                        ("longattn::gelu_forward", "gelu_forward"), ("longattn::gelu_backward", "gelu_backward"),
+                        ("longattn::train::cross_entropy", "loss"), ("longattn::rotary_embedding", "rotary")]:
         if name.startswith(prefix):
             return cls
     return "rows"  # residual and bias adds, bias gradients, embeddings, fills, sequence parallelism's reorders

@@ -17,7 +17,7 @@
 #   1. the GPU (nvidia-smi) and the tensor-core kernels' registers, stack and spills
 #      (cuobjdump -res-usage on liblongattn_core.so)
 #   2. the tensor-core tests (emulated and on the GPU), and compute-sanitizer memcheck and
-#      racecheck on the GPU's (small sizes)
+#      racecheck on the GPU's (small sizes); memcheck on the linear layers' cuBLASLt epilogues
 #   3. the measured bf16 matrix-product ceiling (torch.matmul, 8192^3) and the attention grid beside
 #      PyTorch's SDPA (perf_tests/compare_sdpa.py --device cuda: bf16, N 4K and 16K, D 64 and 128,
 #      causal or not, forward and forward + backward, 16 heads), with the default programs and with
@@ -137,6 +137,8 @@ EOF
       "$bin/longattn_core_tests" --warn NoTests "$gpu_cases"
     step racecheck 90 env LONGATTN_TEST_SIZE=small compute-sanitizer --tool racecheck --racecheck-report hazard \
       --error-exitcode 1 "$bin/longattn_core_tests" --warn NoTests "$gpu_cases"
+    step memcheck_linear 30 compute-sanitizer --tool memcheck --error-exitcode 1 "$bin/longattn_core_tests" \
+      --warn NoTests "linear_forward and linear_input_gradient match the double reference - 1"
 
     # 3. The measured bf16 matrix-product ceiling and the grid beside SDPA.
     step ceilings 30 python3 - "$out/ceilings.json" << 'EOF'

@@ -1,7 +1,7 @@
 #pragma once
 // Everything longattn::core offers, in one include: errors and checks (base), memory pools and
-// their categories (memory), and the attention kernels, modules, matrix products, LayerNorm and
-// runtime of the core layer. The parallel layer (MPI, NCCL: ring attention, gradient buckets,
+// their categories (memory), and the attention kernels, modules, matrix products, LayerNorm, linear
+// layers and runtime of the core layer. The parallel layer (MPI, NCCL: ring attention, gradient buckets,
 // tensor parallelism) links apart, as longattn::parallel: include its headers
 // (longattn/parallel/...) beside this one.
 //
@@ -37,6 +37,7 @@
 #include "longattn/core/gemm.hpp"
 #include "longattn/core/half.hpp"
 #include "longattn/core/layer_norm.hpp"
+#include "longattn/core/linear.hpp"
 #include "longattn/core/merge_partial.hpp"
 #include "longattn/core/multihead_attention.hpp"
 #include "longattn/core/rotary.hpp"

@@ -66,6 +66,7 @@
 #include "longattn/core/feature_group.hpp"
 #include "longattn/core/gemm.hpp"
 #include "longattn/core/layer_norm.hpp"
+#include "longattn/core/linear.hpp"
 #include "longattn/core/execution_context.hpp"
 #include "longattn/core/rotary.hpp"
 #include "longattn/core/sequence_parallel.hpp"
@@ -86,19 +87,6 @@ struct MultiheadAttentionOptions {
   bool rotary = false;              // rotary position embeddings on Q and K (rotary.hpp; even head dim)
   double rotary_base = rotary_default_base;  // the base of their angles
 };
-
-// out[r][e] = bias[e] for every row of a [rows, E] matrix (the bias of a linear layer, before its
-// gemm with beta = 1). A 2D range, columns fastest: vectorized rows on the host, coalesced on
-// GPUs (a flat index paid a division per element: 4% of a training step).
-template <class ExecSpace, class Bias, class Out>
-void broadcast_rows(const ExecSpace& exec, const Bias& bias, const Out& out) {
-  using Policy = Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2, Kokkos::Iterate::Right, Kokkos::Iterate::Right>,
-                                       Kokkos::IndexType<std::int64_t>>;
-  Kokkos::parallel_for(
-      "longattn::MultiheadAttention::broadcast_bias",
-      Policy(exec, {0, 0}, {std::int64_t(out.extent(0)), std::int64_t(out.extent(1))}),
-      KOKKOS_LAMBDA(std::int64_t r, std::int64_t e) { out(r, e) = bias(e); });
-}
 
 namespace detail {
 // view(t) = t (here, not in the class: nvcc refuses a lambda in a private member function).
@@ -305,11 +293,9 @@ class MultiheadAttention {
     positions_ = positions.size() > 0 || !options_.rotary ? positions : counting_positions(exec, tokens);
     const auto x_gathered = gather_tokens(x);
     const auto x_rows = rows_of(sequence_parallel() ? ConstTokens(x_gathered.view()) : x);
-    // Q, K, V = x W_i^T + b_i: the bias broadcast into the output, then gemm with beta = 1.
-    for (int i = 0; i < 3; ++i) {
-      broadcast_rows(exec, slice(weights_.b_qkv, i), matrix(qkv_, i));
-      gemm(context_, "N", "T", one, x_rows, rows_block(weights_.w_qkv, i), one, matrix(qkv_, i));
-    }
+    // Q, K, V = x W_i^T + b_i.
+    for (int i = 0; i < 3; ++i)
+      linear_forward(context_, x_rows, rows_block(weights_.w_qkv, i), slice(weights_.b_qkv, i), matrix(qkv_, i));
     if (options_.rotary)
       rotary_embedding(exec, heads_view(qkv_, 0), heads_view(qkv_, 1), positions_, options_.rotary_base,
                        Rotation::forward);
@@ -317,11 +303,7 @@ class MultiheadAttention {
     // y = Z W_out^T + b_out: each rank's partial product over its features, summed; b_out once.
     const auto y_whole = whole_tokens();
     const Tokens y_sum = sequence_parallel() ? y_whole.view() : y;
-    if (part_ == 0)
-      broadcast_rows(exec, weights_.b_out, rows_of(y_sum));
-    else
-      Kokkos::deep_copy(exec, y_sum, T(0.0));
-    gemm(context_, "N", "T", one, projection_input(), weights_.w_out, one, rows_of(y_sum));
+    linear_forward(context_, projection_input(), weights_.w_out, part_ == 0 ? weights_.b_out : Vector(), rows_of(y_sum));
     if (sequence_parallel()) scatter_tokens(y_sum, y);
     else if (features_) features_->sum(exec, y.data(), y.size());
     if (options_.recompute_attention) release_outputs();

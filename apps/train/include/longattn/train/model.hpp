@@ -65,6 +65,7 @@
 #include <string>
 #include <vector>
 
+#include "longattn/core/linear.hpp"
 #include "longattn/core/multihead_attention.hpp"
 #include "longattn/core/execution_context.hpp"
 #include "longattn/core/finite.hpp"
@@ -334,10 +335,13 @@ class Transformer {
   // features (column-parallel: dx summed over the group backward) or by input features
   // (row-parallel: y summed over the group forward, b added once).
   enum class Parallel { whole, column, row };
-  // y = x W^T + b; and its backward: db += colsum(dy), dW += dy^T x, dx = dy W.
-  void linear_forward(const Matrix& x, std::size_t w, std::size_t b, const Matrix& y, Parallel parallel) const;
+  // y = x W^T + b (+ residual, then GELU: longattn::linear_forward's epilogue); and its backward:
+  // db += colsum(dy), dW += dy^T x, dx = dy W (then dx *= GELU'(gelu_input): a row-parallel
+  // layer's input is GELU's output).
+  void linear_forward(const Matrix& x, std::size_t w, std::size_t b, const Matrix& y, Parallel parallel,
+                      const LinearEpilogue<Matrix>& after = {}) const;
   void linear_backward(const Matrix& x, const Matrix& dy, std::size_t w, std::size_t b, const Matrix& dx,
-                       Parallel parallel) const;
+                       Parallel parallel, const Matrix& gelu_input = {}) const;
   std::size_t local_hidden() const { return std::size_t(config_.hidden() / parts_); }
   // With a residual: x += residual first (forward), dx += residual (backward), in the norm's pass.
   void norm_forward(const Matrix& x, std::size_t ln, const Matrix& y, LayerNormStats& stats,

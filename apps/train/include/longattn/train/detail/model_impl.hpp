@@ -10,6 +10,7 @@
 #include "longattn/core/block_sparse_patterns.hpp"
 #include "longattn/core/dilated_attention.hpp"
 #include "longattn/core/layer_norm.hpp"
+#include "longattn/core/linear.hpp"
 #include "longattn/core/sequence_parallel.hpp"
 #include "longattn/kokkos_compat.hpp"
 
@@ -51,58 +52,6 @@ void embed_backward(const ExecSpace& exec, const Ids& inputs, const Positions& p
         for (std::int64_t r = 0; r < R; ++r) {
           dtok(inputs(r / n, r % n), e) += A(dx(r, e));
           if (learned) dpos(positions(r % n), e) += A(dx(r, e));
-        }
-      });
-}
-
-// y += x (the residual connections). Rows outer, columns inner: the inner loop vectorizes.
-// Elementwise kernels compute in A = accumulate_t<T> (float for 16-bit T) and round once.
-template <class ExecSpace, class Matrix>
-void add_into(const ExecSpace& exec, const Matrix& y, const Matrix& x) {
-  using T = typename Matrix::non_const_value_type;
-  using A = accumulate_t<T>;
-  const int cols = int(y.extent(1));
-  Kokkos::parallel_for(
-      "longattn::train::add_into", RangeOf<ExecSpace>(exec, 0, std::int64_t(y.extent(0))), KOKKOS_LAMBDA(std::int64_t r) {
-        for (int c = 0; c < cols; ++c) y(r, c) = T(A(y(r, c)) + A(x(r, c)));
-      });
-}
-
-// GELU, tanh form (GPT-2): g = u/2 (1 + tanh(a)), a = c (u + 0.044715 u^3), c = sqrt(2/pi),
-// computed as u sigmoid(2a) = u / (1 + exp(-2a)): one exp instead of tanh (libm's tanhf, through
-// expm1f, took a third of a training step).
-template <class T>
-KOKKOS_INLINE_FUNCTION T gelu_sigmoid(T u) {  // sigmoid(2a)
-  const T a = T(0.7978845608028654) * (u + T(0.044715) * u * u * u);
-  return T(1) / (T(1) + math::exp(T(-2) * a));
-}
-
-template <class ExecSpace, class Matrix>
-void gelu_forward(const ExecSpace& exec, const Matrix& u, const Matrix& g) {
-  using T = typename Matrix::non_const_value_type;
-  using A = accumulate_t<T>;
-  const int cols = int(u.extent(1));
-  Kokkos::parallel_for(
-      "longattn::train::gelu_forward", RangeOf<ExecSpace>(exec, 0, std::int64_t(u.extent(0))), KOKKOS_LAMBDA(std::int64_t r) {
-        for (int c = 0; c < cols; ++c) {
-          const A x = A(u(r, c));
-          g(r, c) = T(x * gelu_sigmoid(x));
-        }
-      });
-}
-
-// d (in place) *= GELU'(u) = s + u s (1 - s) 2 a'(u), s = sigmoid(2a), a'(u) = c (1 + 3 0.044715 u^2).
-template <class ExecSpace, class Matrix>
-void gelu_backward(const ExecSpace& exec, const Matrix& u, const Matrix& d) {
-  using T = typename Matrix::non_const_value_type;
-  using A = accumulate_t<T>;
-  const int cols = int(u.extent(1));
-  Kokkos::parallel_for(
-      "longattn::train::gelu_backward", RangeOf<ExecSpace>(exec, 0, std::int64_t(u.extent(0))), KOKKOS_LAMBDA(std::int64_t r) {
-        for (int c = 0; c < cols; ++c) {
-          const A x = A(u(r, c)), s = gelu_sigmoid(x);
-          const A da = A(0.7978845608028654) * (A(1) + A(3 * 0.044715) * x * x);
-          d(r, c) = T(A(d(r, c)) * (s + x * s * (A(1) - s) * A(2) * da));
         }
       });
 }
@@ -408,7 +357,7 @@ void Transformer<ExecSpace, T>::release_activations(Block& b) {
 
 template <class ExecSpace, class T>
 void Transformer<ExecSpace, T>::linear_forward(const Matrix& x, std::size_t w, std::size_t b, const Matrix& y,
-                                                Parallel parallel) const {
+                                                Parallel parallel, const LinearEpilogue<Matrix>& after) const {
   const std::size_t in = x.extent(1), out = y.extent(1);
   const ExecSpace& exec = context_.exec();
   const bool summed = parallel == Parallel::row && features_;
@@ -420,13 +369,15 @@ void Transformer<ExecSpace, T>::linear_forward(const Matrix& x, std::size_t w, s
   const Rows x_all = gather ? gathered(x) : Rows();
   const Rows y_all = scatter ? context_.template allocate<typename Rows::view_type>(x.extent(0), out) : Rows();
   const Matrix input = gather ? rows(x_all) : x, output = scatter ? rows(y_all) : y;
-  if (summed && part_ != 0)
-    Kokkos::deep_copy(exec, output, T(0.0));
-  else
-    broadcast_rows(exec, vector(values_, b, out), output);
-  gemm(context_, "N", "T", Accumulate(1), input, matrix(values_, w, out, in), Accumulate(1), output);
+  // The product's epilogue takes the residual where y is whole on this rank (else it is added
+  // after the sum or the scatter); the bias on one rank of a sum.
+  const bool residual_after = summed || scatter;
+  const auto bias = summed && part_ != 0 ? VectorOf<T>() : vector(values_, b, out);
+  longattn::linear_forward(context_, input, matrix(values_, w, out, in), bias, output,
+                           {residual_after ? Matrix() : after.residual, after.gelu});
   if (scatter) scattered(output, y);
   else if (summed) features_->sum(exec, y.data(), y.size());
+  if (residual_after && after.residual.data()) add_into(exec, y, after.residual);
 }
 
 template <class ExecSpace, class T>
@@ -443,7 +394,7 @@ void Transformer<ExecSpace, T>::scattered(const Matrix& partial, const Matrix& s
 
 template <class ExecSpace, class T>
 void Transformer<ExecSpace, T>::linear_backward(const Matrix& x, const Matrix& dy, std::size_t w, std::size_t b,
-                                                const Matrix& dx, Parallel parallel) const {
+                                                const Matrix& dx, Parallel parallel, const Matrix& gelu_input) const {
   const std::size_t in = x.extent(1), out = dy.extent(1);
   const ExecSpace& exec = context_.exec();
   // Sequence parallelism: a row-parallel layer's dy gathered whole; a column-parallel layer's
@@ -457,7 +408,10 @@ void Transformer<ExecSpace, T>::linear_backward(const Matrix& x, const Matrix& d
   const Matrix d_output = row ? rows(dy_all) : dy, input = column ? rows(x_all) : x, d_input = column ? rows(dx_all) : dx;
   add_column_sums(exec, d_output, ones_.view(), gradient_vector(b, out));
   gemm(context_, "T", "N", Accumulate(1), d_output, input, Accumulate(1), gradient_matrix(w, out, in));
-  gemm(context_, "N", "N", Accumulate(1), d_output, matrix(values_, w, out, in), Accumulate(0), d_input);
+  // GELU's input is whole on this rank where dx is (not a column-parallel layer's summed dx).
+  require(!gelu_input.data() || parallel == Parallel::row, "longattn::train::Transformer::linear_backward",
+          "gelu_input", "a matrix", "none but for a row-parallel layer");
+  linear_input_gradient(context_, d_output, matrix(values_, w, out, in), d_input, gelu_input);
   if (column) scattered(d_input, dx);
   else if (parallel == Parallel::column && features_) features_->sum(exec, dx.data(), dx.size());
 }
@@ -534,17 +488,14 @@ double Transformer<ExecSpace, T>::forward(const Batch& batch, double normalizer,
 
 template <class ExecSpace, class T>
 void Transformer<ExecSpace, T>::block_forward(Block& b, const Matrix* next) {
-  const ExecSpace& exec = context_.exec();
   norm_forward(rows(b.x), b.ln1, rows(b.h1), b.norm1);
   // Rotary: the positions of all n tokens of the sequences (the module gathers them under
   // sequence parallelism).
   b.attention->forward(tokens3(b.h1), tokens3(b.x2), learned_positions() ? Positions() : batch_data_.positions);
   norm_forward(rows(b.x2), b.ln2, rows(b.h2), b.norm2, rows(b.x));  // x2 = attention + x, h2 = norm2(x2)
-  linear_forward(rows(b.h2), b.w1, b.b1, rows(b.u), Parallel::column);
-  detail::gelu_forward(exec, rows(b.u), rows(b.g));
+  linear_forward(rows(b.h2), b.w1, b.b1, rows(b.u), Parallel::column, {Matrix(), rows(b.g)});  // g = GELU(u)
   if (!next) return;
-  linear_forward(rows(b.g), b.w2, b.b2, *next, Parallel::row);
-  detail::add_into(exec, *next, rows(b.x2));
+  linear_forward(rows(b.g), b.w2, b.b2, *next, Parallel::row, {rows(b.x2), Matrix()});  // next = x2 + MLP
 }
 
 template <class ExecSpace, class T>
@@ -579,8 +530,7 @@ void Transformer<ExecSpace, T>::backward(const std::function<void(int)>& ready) 
     }
     acquire_gradients(++stretch);
     // d_x: the gradient of the block's output x2 + MLP(LN(x2)).
-    linear_backward(rows(b.g), rows(d_x_), b.w2, b.b2, rows(d_hidden_), Parallel::row);
-    detail::gelu_backward(exec, rows(b.u), rows(d_hidden_));
+    linear_backward(rows(b.g), rows(d_x_), b.w2, b.b2, rows(d_hidden_), Parallel::row, rows(b.u));  // d_u
     linear_backward(rows(b.h2), rows(d_hidden_), b.w1, b.b1, rows(d_h_), Parallel::column);
     norm_backward(rows(d_h_), rows(b.x2), b.ln2, b.norm2, rows(d_x2_), rows(d_x_));  // + d_x around the MLP
     finish(5);
