@@ -92,6 +92,16 @@ std::string bf16_products_text() {
   return std::string("float copies and sgemm (") + speed + "; LONGATTN_BF16_DOT_PRODUCTS=1 uses them)";
 }
 
+// How float matrix products run on the GPU's space (gemm.hpp's TF32 switch).
+std::string float_products_text() {
+#if defined(KOKKOS_ENABLE_CUDA)
+  return longattn::tf32_matmul_allowed() ? "TF32 tensor cores on Kokkos::Cuda (LONGATTN_ALLOW_TF32=1)"
+                                         : "float (TF32 tensor cores on Kokkos::Cuda with LONGATTN_ALLOW_TF32=1)";
+#else
+  return "float (no CUDA space in this build)";
+#endif
+}
+
 void print_report(std::ostream& out, const Report& report, const Options& options) {
   const auto& build = report.build;
   const auto& blas = report.blas;
@@ -109,6 +119,7 @@ void print_report(std::ostream& out, const Report& report, const Options& option
   out << "  BLAS kernels      " << (blas.kernels.empty() ? "unknown" : blas.kernels) << ": "
       << blas.selection << "\n";
   out << "  bf16 products     " << bf16_products_text() << "\n";
+  out << "  float products    " << float_products_text() << "\n";
   out << "  communication     " << join(report.communication, "; ") << "\n";
   out << "  transport         " << join(report.transports, "; ") << "\n";
   out << "  hwloc             " << (build.hwloc ? "yes" : "no") << "\n\n";
@@ -165,7 +176,7 @@ nlohmann::json to_json(const Report& report, const Options& options) {
                 {"execution_spaces", build.execution_spaces}, {"architecture", build.architecture},
                 {"blas", blas.library}, {"blas_kernels", blas.kernels}, {"blas_selection", blas.selection},
                 {"communication", report.communication}, {"transports", report.transports},
-                {"bf16_products", bf16_products_text()}};
+                {"bf16_products", bf16_products_text()}, {"float_products", float_products_text()}};
   j["machine"] = {{"source", machine.source}, {"cpu", machine.cpu_model}, {"packages", machine.packages},
                   {"numa_nodes", machine.numa_nodes}, {"numa_memory_bytes", machine.numa_memory_bytes},
                   {"cores", machine.cores}, {"hardware_threads", machine.hardware_threads}};

@@ -12,6 +12,7 @@
 #include "longattn/core/gemm.hpp"
 #include "reference/gemm.hpp"
 #include "reference/random.hpp"
+#include "tf32.hpp"
 
 namespace {
 
@@ -176,6 +177,33 @@ TEMPLATE_LIST_TEST_CASE("gemm matches the double reference", "[core][gemm]", lon
       check_gemm<double, Kokkos::LayoutLeft, TestType>(ta, tb, 31, 1, 45, rng);
       check_gemm<double, Kokkos::LayoutRight, TestType>(ta, tb, 1, 23, 77, rng);
     }
+}
+
+TEMPLATE_LIST_TEST_CASE("float gemm(ctx, ...) runs on TF32 tensor cores where allowed", "[core][gemm]",
+                        longattn::test::ExecutionSpaces) {
+  using Matrix = Kokkos::View<float**, Kokkos::LayoutRight, typename TestType::memory_space>;
+  std::mt19937_64 rng(longattn::test::test_seed());
+  for (const bool allowed : {false, true}) {
+    const longattn::test::AllowTf32 tf32(allowed);
+    CHECK(longattn::tf32_matmul_allowed() == allowed);
+    const int m = 37, n = 24, k = 53;
+    Matrix a("A", m, k), b("B", n, k), c("C", m, n);
+    const auto ha = random_values(a, rng), hb = random_values(b, rng), hc = random_values(c, rng);
+    const auto expected = longattn::test::reference_gemm(false, true, 0.75, ha, hb, -0.5, hc);
+    const longattn::memory::Pool<typename TestType::memory_space> pool;
+    const std::int64_t cublas_calls = cublas_gemm_calls();
+    longattn::gemm(longattn::ExecutionContext<TestType>(TestType(), pool), "N", "T", 0.75f, a, b, -0.5f, c);
+    Kokkos::deep_copy(hc, c);
+    // cuBLAS on Kokkos::Cuda where allowed; Kokkos Kernels' float gemm otherwise and elsewhere.
+    CHECK((cublas_gemm_calls() > cublas_calls) == (allowed && longattn::test::is_cuda<TestType>));
+    CHECK(pool.stats().in_use_bytes == 0);
+    double worst = 0;
+    for (int i = 0; i < m; ++i)
+      for (int j = 0; j < n; ++j) worst = std::max(worst, std::abs(double(hc(i, j)) - expected[std::size_t(i * n + j)]));
+    INFO("TF32 allowed " << allowed << ", seed " << longattn::test::test_seed());
+    // k products of values in [-1, 1), each off by the product's roundoff, summed in float.
+    CHECK(worst <= 0.75 * k * longattn::test::float_product_roundoff<TestType>() + 8 * 6e-8 * k);
+  }
 }
 
 TEST_CASE("gemm rejects mismatched shapes with a longattn::Error naming the argument", "[core][gemm][errors]") {

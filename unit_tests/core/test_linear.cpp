@@ -1,6 +1,7 @@
 // longattn::linear_forward and linear_input_gradient against a naive double reference: with and
 // without the bias, the residual and GELU, odd sizes, float, double, bfloat16 and float16, on
-// every enabled execution space (on Kokkos::Cuda, 16-bit storage through cuBLASLt's epilogues);
+// every enabled execution space (on Kokkos::Cuda, 16-bit storage and float with TF32 allowed
+// through cuBLASLt's epilogues);
 // GELU's derivative against finite differences; bad arguments.
 #include <catch2/catch.hpp>
 #include <cmath>
@@ -10,6 +11,7 @@
 #include "longattn/core/attention.hpp"  // detail::scalar_name
 #include "longattn/core/linear.hpp"
 #include "reference/random.hpp"
+#include "tf32.hpp"
 
 namespace {
 
@@ -96,7 +98,9 @@ struct Case {
     const std::int64_t lt_before = cublaslt_calls();
     longattn::linear_forward(ctx, x, w, bias ? b : Vector(), y, {residual ? r : Matrix(), gelu ? g : Matrix()});
     // On Kokkos::Cuda 16-bit layers whose rows are multiples of 8 elements apart are one cuBLASLt matmul.
-    const bool fused = longattn::test::is_cuda<ExecSpace> && longattn::is_half_v<T> && out % 8 == 0 && in % 8 == 0;
+    // (float ones too where TF32 products are allowed).
+    const bool lt_type = longattn::is_half_v<T> || (std::is_same_v<T, float> && longattn::tf32_matmul_allowed());
+    const bool fused = longattn::test::is_cuda<ExecSpace> && lt_type && out % 8 == 0 && in % 8 == 0;
     if (fused) CHECK(cublaslt_calls() == lt_before + 1);
     if (!longattn::test::is_cuda<ExecSpace>) CHECK(cublaslt_calls() == lt_before);
     CHECK(pool.stats().in_use_bytes == 0);
@@ -104,7 +108,9 @@ struct Case {
     // Float sums of the products (16-bit ones exact), the bias and residual rounded in at most
     // three times (the separate kernels), GELU's output once more (its slope is under 1.13).
     // GELU is evaluated in accumulate_t<T> (exp, a division): a few of its roundoffs more.
-    const double u = unit_roundoff<T>(), eps = unit_roundoff<longattn::accumulate_t<T>>(), sums = 8 * eps * in;
+    const double u = unit_roundoff<T>(), eps = unit_roundoff<longattn::accumulate_t<T>>();
+    const double products = std::is_same_v<T, float> ? longattn::test::float_product_roundoff<ExecSpace>() : 0.0;
+    const double sums = 8 * eps * in + products * in;
     const auto [y_error, y_scale] = compare(y, pre);
     CHECK(y_error <= 3 * u * y_scale + sums);
     if (gelu) {
@@ -131,7 +137,7 @@ struct Case {
     const auto [d_error, d_scale] = compare(du, expected);
     // dy W rounded once, then times GELU'(u) (at most 1.13, in accumulate_t<T>) rounded again;
     // the reference's derivative by differences is off by about 1e-10.
-    CHECK(d_error <= 2 * u * d_scale + 1.13 * 8 * eps * out + 64 * eps * d_scale + 1e-9 * out);
+    CHECK(d_error <= 2 * u * d_scale + 1.13 * (8 * eps + products) * out + 64 * eps * d_scale + 1e-9 * out);
     CHECK(pool.stats().in_use_bytes == 0);
   }
 
@@ -155,6 +161,13 @@ TEMPLATE_LIST_TEST_CASE("linear_forward and linear_input_gradient match the doub
   Case<double, TestType>::check_all(rng);
   Case<longattn::bfloat16, TestType>::check_all(rng);
   Case<longattn::float16, TestType>::check_all(rng);
+}
+
+TEMPLATE_LIST_TEST_CASE("float linear layers run on TF32 tensor cores where allowed", "[core][linear]",
+                        longattn::test::ExecutionSpaces) {
+  const longattn::test::AllowTf32 tf32(true);
+  std::mt19937_64 rng(longattn::test::test_seed());
+  Case<float, TestType>::check_all(rng);
 }
 
 TEST_CASE("GELU's derivative matches finite differences of GELU", "[core][linear]") {

@@ -40,6 +40,13 @@
 
 namespace longattn {
 
+// Float gemm(ctx, ...) and float linear layers (linear.hpp) on Kokkos::Cuda run on TF32 tensor
+// cores where allowed, as PyTorch's torch.backends.cuda.matmul.allow_tf32: the operands rounded
+// to 10-bit mantissas, the products summed in float. Off unless LONGATTN_ALLOW_TF32=1 in the
+// environment (read at the first call) or allow_tf32_matmul(true); other spaces ignore it.
+bool tf32_matmul_allowed();
+void allow_tf32_matmul(bool on);
+
 namespace detail {
 inline bool valid_trans(const char* t) {
   return t && (t[0] == 'N' || t[0] == 'n' || t[0] == 'T' || t[0] == 't' || t[0] == 'C' ||
@@ -138,12 +145,14 @@ bool cublas_matrix(const View& x, CublasMatrix& matrix) {
   return true;
 }
 
-// C = alpha op(A) op(B) + beta C by cublasGemmEx on ctx's stream, its workspace from ctx's pool;
-// false (nothing done) where a matrix is not one cuBLAS reads in place.
+// C = alpha op(A) op(B) + beta C by cublasGemmEx on ctx's stream, its workspace from ctx's pool
+// (float operands on TF32 tensor cores); false (nothing done) where a matrix is not one cuBLAS
+// reads in place.
 template <class AView, class BView, class CView>
 bool cublas_gemm_in(const ExecutionContext<Kokkos::Cuda>& ctx, const char* trans_a, const char* trans_b, float alpha,
                     const AView& a, const BView& b, float beta, const CView& c) {
   CublasGemm call;
+  call.tf32 = std::is_same_v<scalar_of<AView>, float>;
   CublasMatrix c_matrix;
   if (!cublas_matrix(a, call.a) || !cublas_matrix(b, call.b) || !cublas_matrix(c, c_matrix)) return false;
   call.trans_a = transposed(trans_a);
@@ -176,9 +185,10 @@ constexpr std::size_t gemm_workspace_bytes() {
   return 0;
 }
 
-// C = alpha op(A) op(B) + beta C in `ctx`: gemm(ctx.exec(), ...) for float and double; for 16-bit
-// A and B (C of their type or float) through cuBLAS on Kokkos::Cuda, on the CPU's bf16 dot
-// products or on float copies from ctx.pool(), see above.
+// C = alpha op(A) op(B) + beta C in `ctx`: gemm(ctx.exec(), ...) for float and double (float on
+// Kokkos::Cuda through cuBLAS on TF32 tensor cores where tf32_matmul_allowed()); for 16-bit A and
+// B (C of their type or float) through cuBLAS on Kokkos::Cuda, on the CPU's bf16 dot products or
+// on float copies from ctx.pool(), see above.
 template <class ExecSpace, class AView, class BView, class CView>
 void gemm(const ExecutionContext<ExecSpace>& ctx, const char* trans_a, const char* trans_b,
           accumulate_t<scalar_of<CView>> alpha, const AView& a, const BView& b, accumulate_t<scalar_of<CView>> beta,
@@ -188,6 +198,15 @@ void gemm(const ExecutionContext<ExecSpace>& ctx, const char* trans_a, const cha
   static_assert(std::is_same_v<TA, scalar_of<BView>>, "longattn::gemm: A and B hold one type");
   if constexpr (!is_half_v<TA>) {
     static_assert(std::is_same_v<TA, TC>, "longattn::gemm: float or double A, B and C hold one type");
+#if defined(KOKKOS_ENABLE_CUDA)
+    if constexpr (std::is_same_v<ExecSpace, Kokkos::Cuda> && std::is_same_v<TA, float> &&
+                  std::is_same_v<typename ExecSpace::memory_space, typename CView::memory_space>) {
+      if (tf32_matmul_allowed()) {
+        detail::check_gemm_arguments(trans_a, trans_b, a, b, c);
+        if (detail::cublas_gemm_in(ctx, trans_a, trans_b, alpha, a, b, beta, c)) return;
+      }
+    }
+#endif
     gemm(ctx.exec(), trans_a, trans_b, alpha, a, b, beta, c);
   } else {
     static_assert(std::is_same_v<TC, TA> || std::is_same_v<TC, float>,

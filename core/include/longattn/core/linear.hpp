@@ -5,7 +5,8 @@
 // x [rows, in], W [out, in] (a layer's weights, as torch.nn.Linear holds them), b [out],
 // y [rows, out]; one storage type throughout, the products summed as gemm(ctx, ...) sums them.
 //
-// On Kokkos::Cuda with 16-bit storage each is one cuBLASLt matmul whose epilogue adds the bias,
+// On Kokkos::Cuda with 16-bit storage (float too where TF32 products are allowed, gemm.hpp's
+// tf32_matmul_allowed()) each is one cuBLASLt matmul whose epilogue adds the bias,
 // reads the residual as its C and applies GELU (keeping its input) or GELU's derivative
 // (detail/cublaslt_linear.hpp): the bias, residual and activation cost no pass over memory of
 // their own. Elsewhere, and where cuBLASLt has no algorithm for a shape or the GELU input's rows
@@ -125,6 +126,7 @@ bool cublaslt_linear_in(const ExecutionContext<Kokkos::Cuda>& ctx, bool trans_b,
   CublasMatrix d_matrix;
   if (!cublas_matrix(a, call.gemm.a) || !cublas_matrix(b, call.gemm.b) || !cublas_matrix(d, d_matrix)) return false;
   if (call.aux && call.aux_leading % 8 != 0) return false;
+  call.gemm.tf32 = std::is_same_v<scalar_of<DView>, float>;
   call.gemm.trans_b = trans_b;
   call.gemm.m = d.extent(0);
   call.gemm.n = d.extent(1);
@@ -137,10 +139,16 @@ bool cublaslt_linear_in(const ExecutionContext<Kokkos::Cuda>& ctx, bool trans_b,
   return cublaslt_matmul(ctx.exec().cuda_stream(), call, workspace.data(), cublas_workspace_bytes);
 }
 
+// Whether a layer of T's on ExecSpace may run on cuBLASLt: 16-bit storage on Kokkos::Cuda, and
+// float where TF32 products are allowed (gemm.hpp's tf32_matmul_allowed()).
 template <class ExecSpace, class T, class... Views>
 constexpr bool on_cublaslt() {
-  return std::is_same_v<ExecSpace, Kokkos::Cuda> && is_half_v<T> &&
+  return std::is_same_v<ExecSpace, Kokkos::Cuda> && (is_half_v<T> || std::is_same_v<T, float>) &&
          (std::is_same_v<typename Views::memory_space, Kokkos::Cuda::memory_space> && ...);
+}
+template <class T>
+bool cublaslt_takes() {
+  return is_half_v<T> || tf32_matmul_allowed();
 }
 
 // linear_forward in one cuBLASLt matmul (arguments checked); false where it cannot be one.
@@ -201,8 +209,9 @@ void linear_forward(const ExecutionContext<ExecSpace>& ctx, const X& x, const W&
   if (rows == 0 || out == 0) return;
   using Accumulate = accumulate_t<T>;
 #if defined(KOKKOS_ENABLE_CUDA)
-  if constexpr (detail::on_cublaslt<ExecSpace, T, X, W, Bias, Y>())
-    if (detail::linear_forward_on_cublaslt(ctx, x, w, bias, y, after)) return;
+  if constexpr (detail::on_cublaslt<ExecSpace, T, X, W, Bias, Y>()) {
+    if (detail::cublaslt_takes<T>() && detail::linear_forward_on_cublaslt(ctx, x, w, bias, y, after)) return;
+  }
 #endif
   const ExecSpace& exec = ctx.exec();
   if (has_bias) broadcast_rows(exec, bias, y);
@@ -235,7 +244,7 @@ void linear_input_gradient(const ExecutionContext<ExecSpace>& ctx, const DY& dy,
   using Accumulate = accumulate_t<T>;
 #if defined(KOKKOS_ENABLE_CUDA)
   if constexpr (detail::on_cublaslt<ExecSpace, T, DY, W, DX>()) {
-    if (has_gelu) {
+    if (has_gelu && detail::cublaslt_takes<T>()) {
       detail::CublasLtMatmul call;
       call.gemm.alpha = 1;
       call.epilogue = detail::CublasEpilogue::dgelu;
