@@ -29,7 +29,8 @@
 #      and the ZeRO / tp cases at 4; longattn-train at cp 2 and at dp 2 with ZeRO 2 (JSON: the
 #      share of a step spent in communication the compute did not hide)
 #   6. training steps in bf16 (longattn-train, JSON per run): the default model, --model 350m (24
-#      layers, E 1024, 16 heads) at context 4096 and the same beside PyTorch from the same weights
+#      layers, E 1024, 16 heads) at context 4096 (GELU after the matmul, then in cuBLASLt's
+#      epilogue: LONGATTN_CUBLASLT_GELU=1) and the same beside PyTorch from the same weights
 #      and batches (perf_tests/reference_train.py: losses and tokens/s), and the default model on one
 #      sequence of 1,048,576 tokens (dilated attention, full recomputation)
 # It exits 0 when every step passed, 1 otherwise, 2 without a GPU.
@@ -198,6 +199,11 @@ EOF
     step train_350m 150 "$bin/longattn-train" --precision bf16 --model 350m \
       --context 4096 --batch 8 --steps 5 --eval-every 0 --eval-batches 1 --warmup 2 --peak-gflops 989000 \
       --task long_range --json "$out/train_350m.json"
+    # The same with GELU and its derivative in cuBLASLt's epilogues (linear.hpp; off by default
+    # until this pair of runs says which is faster): step times beside train_350m's.
+    step train_350m_gelu_epilogue 90 env LONGATTN_CUBLASLT_GELU=1 "$bin/longattn-train" --precision bf16 \
+      --model 350m --context 4096 --batch 8 --steps 5 --eval-every 0 --eval-batches 1 --warmup 2 \
+      --peak-gflops 989000 --task long_range --json "$out/train_350m_gelu_epilogue.json"
     # The same 350M model in PyTorch (eager, SDPA) from longattn's initial weights on its batches:
     # the first steps' losses side by side, and each side's tokens/s (perf_tests/reference_train.py).
     step reference_350m 200 python3 "$root/perf_tests/reference_train.py" --device cuda --precision bf16 \

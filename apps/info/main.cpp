@@ -19,6 +19,7 @@
 #include "longattn/core/build_info.hpp"
 #include "longattn/core/ceilings.hpp"
 #include "longattn/core/gemm.hpp"
+#include "longattn/core/linear.hpp"
 #include "longattn/core/runtime.hpp"
 #include "longattn/error.hpp"
 #include "longattn/memory/topology.hpp"
@@ -102,6 +103,17 @@ std::string float_products_text() {
 #endif
 }
 
+// How linear layers (linear.hpp) run on the GPU's space.
+std::string linear_layers_text() {
+#if defined(KOKKOS_ENABLE_CUDA)
+  return longattn::cublaslt_gelu_in_use()
+             ? "cuBLASLt on Kokkos::Cuda: bias, residual and GELU in the epilogue (LONGATTN_CUBLASLT_GELU=1)"
+             : "cuBLASLt on Kokkos::Cuda: bias and residual in the epilogue, GELU after it (LONGATTN_CUBLASLT_GELU=0)";
+#else
+  return "gemm and element-wise kernels (no CUDA space in this build)";
+#endif
+}
+
 void print_report(std::ostream& out, const Report& report, const Options& options) {
   const auto& build = report.build;
   const auto& blas = report.blas;
@@ -120,6 +132,7 @@ void print_report(std::ostream& out, const Report& report, const Options& option
       << blas.selection << "\n";
   out << "  bf16 products     " << bf16_products_text() << "\n";
   out << "  float products    " << float_products_text() << "\n";
+  out << "  linear layers     " << linear_layers_text() << "\n";
   out << "  communication     " << join(report.communication, "; ") << "\n";
   out << "  transport         " << join(report.transports, "; ") << "\n";
   out << "  hwloc             " << (build.hwloc ? "yes" : "no") << "\n\n";
@@ -176,7 +189,8 @@ nlohmann::json to_json(const Report& report, const Options& options) {
                 {"execution_spaces", build.execution_spaces}, {"architecture", build.architecture},
                 {"blas", blas.library}, {"blas_kernels", blas.kernels}, {"blas_selection", blas.selection},
                 {"communication", report.communication}, {"transports", report.transports},
-                {"bf16_products", bf16_products_text()}, {"float_products", float_products_text()}};
+                {"bf16_products", bf16_products_text()}, {"float_products", float_products_text()},
+                {"linear_layers", linear_layers_text()}};
   j["machine"] = {{"source", machine.source}, {"cpu", machine.cpu_model}, {"packages", machine.packages},
                   {"numa_nodes", machine.numa_nodes}, {"numa_memory_bytes", machine.numa_memory_bytes},
                   {"cores", machine.cores}, {"hardware_threads", machine.hardware_threads}};

@@ -24,6 +24,18 @@ std::int64_t cublaslt_calls() {
 #endif
 }
 
+// GELU in cuBLASLt's epilogue or not while it lives.
+class CublasLtGelu {
+ public:
+  explicit CublasLtGelu(bool on) : before_(longattn::cublaslt_gelu_in_use()) { longattn::use_cublaslt_gelu(on); }
+  ~CublasLtGelu() { longattn::use_cublaslt_gelu(before_); }
+  CublasLtGelu(const CublasLtGelu&) = delete;
+  CublasLtGelu& operator=(const CublasLtGelu&) = delete;
+
+ private:
+  bool before_;
+};
+
 // GELU in double, in its tanh form as written (the library computes u sigmoid(2a)).
 double reference_gelu(double u) {
   return 0.5 * u * (1 + std::tanh(std::sqrt(2 / M_PI) * (u + 0.044715 * u * u * u)));
@@ -97,11 +109,11 @@ struct Case {
     const longattn::ExecutionContext<ExecSpace> ctx(ExecSpace(), pool);
     const std::int64_t lt_before = cublaslt_calls();
     longattn::linear_forward(ctx, x, w, bias ? b : Vector(), y, {residual ? r : Matrix(), gelu ? g : Matrix()});
-    // On Kokkos::Cuda 16-bit layers whose rows are multiples of 8 elements apart are one cuBLASLt matmul.
-    // (float ones too where TF32 products are allowed).
+    // On Kokkos::Cuda 16-bit layers whose rows are multiples of 8 elements apart are one cuBLASLt
+    // matmul (float ones too where TF32 products are allowed), GELU in it or after it.
     const bool lt_type = longattn::is_half_v<T> || (std::is_same_v<T, float> && longattn::tf32_matmul_allowed());
-    const bool fused = longattn::test::is_cuda<ExecSpace> && lt_type && out % 8 == 0 && in % 8 == 0;
-    if (fused) CHECK(cublaslt_calls() == lt_before + 1);
+    const bool on_lt = longattn::test::is_cuda<ExecSpace> && lt_type && out % 8 == 0 && in % 8 == 0;
+    if (on_lt) CHECK(cublaslt_calls() == lt_before + 1);
     if (!longattn::test::is_cuda<ExecSpace>) CHECK(cublaslt_calls() == lt_before);
     CHECK(pool.stats().in_use_bytes == 0);
 
@@ -133,7 +145,8 @@ struct Case {
       }
     const std::int64_t lt_backward = cublaslt_calls();
     longattn::linear_input_gradient(ctx, dy, w, du, gelu ? uin : Matrix());
-    if (fused && gelu) CHECK(cublaslt_calls() == lt_backward + 1);
+    // GELU's derivative in the epilogue where GELU is; else the matmul is gemm(ctx, ...)'s.
+    CHECK(cublaslt_calls() == lt_backward + (on_lt && gelu && longattn::cublaslt_gelu_in_use() ? 1 : 0));
     const auto [d_error, d_scale] = compare(du, expected);
     // dy W rounded once, then times GELU'(u) (at most 1.13, in accumulate_t<T>) rounded again;
     // the reference's derivative by differences is off by about 1e-10.
@@ -159,15 +172,21 @@ TEMPLATE_LIST_TEST_CASE("linear_forward and linear_input_gradient match the doub
   std::mt19937_64 rng(longattn::test::test_seed());
   Case<float, TestType>::check_all(rng);
   Case<double, TestType>::check_all(rng);
-  Case<longattn::bfloat16, TestType>::check_all(rng);
-  Case<longattn::float16, TestType>::check_all(rng);
+  for (const bool gelu_epilogue : {false, true}) {
+    const CublasLtGelu epilogue(gelu_epilogue);
+    Case<longattn::bfloat16, TestType>::check_all(rng);
+    Case<longattn::float16, TestType>::check_all(rng);
+  }
 }
 
 TEMPLATE_LIST_TEST_CASE("float linear layers run on TF32 tensor cores where allowed", "[core][linear]",
                         longattn::test::ExecutionSpaces) {
   const longattn::test::AllowTf32 tf32(true);
   std::mt19937_64 rng(longattn::test::test_seed());
-  Case<float, TestType>::check_all(rng);
+  for (const bool gelu_epilogue : {false, true}) {
+    const CublasLtGelu epilogue(gelu_epilogue);
+    Case<float, TestType>::check_all(rng);
+  }
 }
 
 TEST_CASE("GELU's derivative matches finite differences of GELU", "[core][linear]") {

@@ -6,14 +6,14 @@
 // y [rows, out]; one storage type throughout, the products summed as gemm(ctx, ...) sums them.
 //
 // On Kokkos::Cuda with 16-bit storage (float too where TF32 products are allowed, gemm.hpp's
-// tf32_matmul_allowed()) each is one cuBLASLt matmul whose epilogue adds the bias,
-// reads the residual as its C and applies GELU (keeping its input) or GELU's derivative
-// (detail/cublaslt_linear.hpp): the bias, residual and activation cost no pass over memory of
-// their own. Elsewhere, and where cuBLASLt has no algorithm for a shape or the GELU input's rows
-// are not a multiple of 8 elements apart, the same results come from gemm(ctx, ...) and the
-// element-wise kernels below, in this order: the bias broadcast into y, the product added
-// (beta = 1), the residual added, GELU (each result rounded to the storage type, as cuBLASLt's
-// epilogue rounds only its outputs: 16-bit results differ between the two by that rounding).
+// tf32_matmul_allowed()) each is a cuBLASLt matmul whose epilogue adds the bias and reads the
+// residual as its C (detail/cublaslt_linear.hpp): they cost no pass over memory of their own.
+// GELU (keeping its input) and its derivative join the epilogue where cublaslt_gelu_in_use(),
+// else run as their own kernels after it. Elsewhere, and where cuBLASLt has no algorithm for a
+// shape or the GELU input's rows are not a multiple of 8 elements apart, the same results come
+// from gemm(ctx, ...) and the element-wise kernels below, in this order: the bias broadcast into
+// y, the product added (beta = 1), the residual added, GELU (each result rounded to the storage
+// type, as cuBLASLt's epilogue rounds only its outputs: 16-bit results differ by that rounding).
 #include <Kokkos_Core.hpp>
 #include <cstdint>
 #include <string>
@@ -29,6 +29,13 @@
 #include "longattn/kokkos_compat.hpp"
 
 namespace longattn {
+
+// Whether GELU and its derivative run in cuBLASLt's epilogue (above) or as their own kernels
+// after the matmul. Off unless LONGATTN_CUBLASLT_GELU=1 in the environment (read at the first
+// call) or use_cublaslt_gelu(true): llm.c measured bf16 GELU epilogues slower than a matmul and
+// a GELU kernel on an H100 (cuBLAS 12.4); this library's have not been timed on a GPU yet.
+bool cublaslt_gelu_in_use();
+void use_cublaslt_gelu(bool on);
 
 // GELU, tanh form (GPT-2, and cuBLASLt's epilogue): GELU(u) = u/2 (1 + tanh(a)),
 // a = c (u + 0.044715 u^3), c = sqrt(2/pi), computed as u sigmoid(2a) = u / (1 + exp(-2a)): one
@@ -210,7 +217,12 @@ void linear_forward(const ExecutionContext<ExecSpace>& ctx, const X& x, const W&
   using Accumulate = accumulate_t<T>;
 #if defined(KOKKOS_ENABLE_CUDA)
   if constexpr (detail::on_cublaslt<ExecSpace, T, X, W, Bias, Y>()) {
-    if (detail::cublaslt_takes<T>() && detail::linear_forward_on_cublaslt(ctx, x, w, bias, y, after)) return;
+    const bool gelu_in_epilogue = has_gelu && cublaslt_gelu_in_use();
+    if (detail::cublaslt_takes<T>() &&
+        detail::linear_forward_on_cublaslt(ctx, x, w, bias, y, {after.residual, gelu_in_epilogue ? after.gelu : Y()})) {
+      if (has_gelu && !gelu_in_epilogue) gelu_forward(ctx.exec(), y, after.gelu);
+      return;
+    }
   }
 #endif
   const ExecSpace& exec = ctx.exec();
@@ -244,7 +256,7 @@ void linear_input_gradient(const ExecutionContext<ExecSpace>& ctx, const DY& dy,
   using Accumulate = accumulate_t<T>;
 #if defined(KOKKOS_ENABLE_CUDA)
   if constexpr (detail::on_cublaslt<ExecSpace, T, DY, W, DX>()) {
-    if (has_gelu && detail::cublaslt_takes<T>()) {
+    if (has_gelu && cublaslt_gelu_in_use() && detail::cublaslt_takes<T>()) {
       detail::CublasLtMatmul call;
       call.gemm.alpha = 1;
       call.epilogue = detail::CublasEpilogue::dgelu;
