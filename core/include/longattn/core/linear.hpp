@@ -126,10 +126,12 @@ bool present(const View& view) {
 
 #if defined(KOKKOS_ENABLE_CUDA)
 // `call` on cuBLASLt with its workspace from ctx's pool; false (nothing done) where a matrix is
-// not one cuBLAS reads in place, GELU's input is not one cuBLASLt takes, or it has no algorithm.
+// not one cuBLAS reads in place, GELU's input is not one cuBLASLt takes, the products have no
+// depth (cuBLASLt takes k >= 1) or it has no algorithm.
 template <class AView, class BView, class DView>
 bool cublaslt_linear_in(const ExecutionContext<Kokkos::Cuda>& ctx, bool trans_b, const AView& a, const BView& b,
                         const DView& d, CublasLtMatmul& call) {
+  if (a.extent(1) == 0) return false;
   CublasMatrix d_matrix;
   if (!cublas_matrix(a, call.gemm.a) || !cublas_matrix(b, call.gemm.b) || !cublas_matrix(d, d_matrix)) return false;
   if (call.aux && call.aux_leading % 8 != 0) return false;
