@@ -242,6 +242,7 @@ int run(int argc, char* argv[], const longattn::parallel::Placement& placement) 
     std::cerr << "longattn-info: " << e.what() << "\n\n" << app.help();
     return 2;
   }
+  longattn::check_environment_switches();
 
   int rank = 0;
 #if LONGATTN_HAVE_MPI

@@ -143,6 +143,7 @@ int main(int argc, char** argv) {
     c.precision = parse_precision(precision);
     c.grad_reduce = parse_gradient_reduce(grad_reduce);
     if (!calibration.empty()) c.efficiency = longattn::plan::read_calibration(calibration);
+    longattn::check_environment_switches();
   } catch (const CLI::ParseError& error) {
     return root ? app.exit(error) : (error.get_exit_code() == 0 ? 0 : 2);
   } catch (const longattn::Error& error) {

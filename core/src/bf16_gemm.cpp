@@ -78,17 +78,19 @@ double measure_speedup() {
 
 // LONGATTN_BF16_DOT_PRODUCTS: unset or "auto": used where they are faster; "1": used wherever
 // the CPU has them; "0": not used.
+// The value is checked on every CPU, used only on those with the instructions.
 bool wanted() {
   const char* value = std::getenv("LONGATTN_BF16_DOT_PRODUCTS");
   const std::string v = value ? value : "auto";
   require(v == "0" || v == "1" || v == "auto", "longattn (bf16 dot products)", "LONGATTN_BF16_DOT_PRODUCTS", v,
           "0 (off), 1 (on where the CPU has them) or auto (on where faster than float FMAs, the default)");
+  if (!bf16_dot_products_available()) return false;
   if (v == "auto") return bf16_dot_product_speedup() >= bf16_dot_products_minimum_speedup;
   return v == "1";
 }
 
 std::atomic<bool>& in_use() {
-  static std::atomic<bool> flag(bf16_dot_products_available() && wanted());
+  static std::atomic<bool> flag(wanted());
   return flag;
 }
 

@@ -1,11 +1,14 @@
 // The process-wide switches of gemm.hpp (float products on TF32 tensor cores) and linear.hpp
-// (GELU in cuBLASLt's epilogue), each read from the environment at its first use.
+// (GELU in cuBLASLt's epilogue), each read from the environment at its first use, and
+// runtime.hpp's check_environment_switches, which reads them and bf16_gemm.cpp's at once.
 #include <atomic>
 #include <cstdlib>
 #include <string>
 
+#include "longattn/core/bf16_dot_products.hpp"
 #include "longattn/core/gemm.hpp"
 #include "longattn/core/linear.hpp"
+#include "longattn/core/runtime.hpp"
 #include "longattn/error.hpp"
 
 namespace longattn {
@@ -42,5 +45,11 @@ void allow_tf32_matmul(bool on) { tf32_allowed().store(on, std::memory_order_rel
 bool cublaslt_gelu_in_use() { return gelu_in_epilogue().load(std::memory_order_relaxed); }
 
 void use_cublaslt_gelu(bool on) { gelu_in_epilogue().store(on, std::memory_order_relaxed); }
+
+void check_environment_switches() {
+  tf32_matmul_allowed();
+  cublaslt_gelu_in_use();
+  bf16_dot_products_in_use();
+}
 
 }  // namespace longattn

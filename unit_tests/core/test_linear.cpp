@@ -231,4 +231,8 @@ TEST_CASE("linear layers reject wrong extents and overlapping outputs with a lon
   CHECK_THROWS_WITH(longattn::linear_input_gradient(ctx, dy, w, dx, Matrix("u", 4, 3)),
                     Catch::Contains("'gelu_input's extents' is [4, 3]"));
   CHECK_THROWS_WITH(longattn::linear_input_gradient(ctx, dy, w, dx, dx), Catch::Contains("'dx'"));
+  CHECK_NOTHROW(longattn::add_into(ctx.exec(), y, other));
+  CHECK_THROWS_WITH(longattn::add_into(ctx.exec(), y, wrong), Catch::Contains("longattn::add_into") &&
+                                                                  Catch::Contains("'x's extents' is [6, 4]") &&
+                                                                  Catch::Contains("expected [5, 4]"));
 }

@@ -125,6 +125,19 @@ memory::PooledView<FloatMatrix<ExecSpace>> widened(const ExecutionContext<ExecSp
 
 #if defined(KOKKOS_ENABLE_CUDA)
 namespace detail {
+// Whether products of T's over these views may run on cuBLAS or cuBLASLt (gemm(ctx, ...) here,
+// linear.hpp's layers): on Kokkos::Cuda with every view in its memory, 16-bit storage, or float
+// where TF32 products are allowed (tensor_cores_take, the part known only at run time).
+template <class ExecSpace, class T, class... Views>
+constexpr bool on_cuda_tensor_cores() {
+  return std::is_same_v<ExecSpace, Kokkos::Cuda> && (is_half_v<T> || std::is_same_v<T, float>) &&
+         (std::is_same_v<typename Views::memory_space, Kokkos::Cuda::memory_space> && ...);
+}
+template <class T>
+bool tensor_cores_take() {
+  return is_half_v<T> || tf32_matmul_allowed();
+}
+
 template <class T>
 constexpr CublasType cublas_type() {
   if constexpr (std::is_same_v<T, bfloat16>) return CublasType::bfloat16;
@@ -196,28 +209,19 @@ void gemm(const ExecutionContext<ExecSpace>& ctx, const char* trans_a, const cha
   using TA = scalar_of<AView>;
   using TC = scalar_of<CView>;
   static_assert(std::is_same_v<TA, scalar_of<BView>>, "longattn::gemm: A and B hold one type");
-  if constexpr (!is_half_v<TA>) {
-    static_assert(std::is_same_v<TA, TC>, "longattn::gemm: float or double A, B and C hold one type");
+  static_assert(std::is_same_v<TC, TA> || (is_half_v<TA> && std::is_same_v<TC, float>),
+                "longattn::gemm: C holds the type of A and B, or float where theirs is 16-bit");
 #if defined(KOKKOS_ENABLE_CUDA)
-    if constexpr (std::is_same_v<ExecSpace, Kokkos::Cuda> && std::is_same_v<TA, float> &&
-                  std::is_same_v<typename ExecSpace::memory_space, typename CView::memory_space>) {
-      if (tf32_matmul_allowed()) {
-        detail::check_gemm_arguments(trans_a, trans_b, a, b, c);
-        if (detail::cublas_gemm_in(ctx, trans_a, trans_b, alpha, a, b, beta, c)) return;
-      }
-    }
-#endif
-    gemm(ctx.exec(), trans_a, trans_b, alpha, a, b, beta, c);
-  } else {
-    static_assert(std::is_same_v<TC, TA> || std::is_same_v<TC, float>,
-                  "longattn::gemm: C of 16-bit A and B holds their type or float");
-#if defined(KOKKOS_ENABLE_CUDA)
-    if constexpr (std::is_same_v<ExecSpace, Kokkos::Cuda> &&
-                  std::is_same_v<typename ExecSpace::memory_space, typename CView::memory_space>) {
+  if constexpr (detail::on_cuda_tensor_cores<ExecSpace, TA, AView, BView, CView>()) {
+    if (detail::tensor_cores_take<TA>()) {
       detail::check_gemm_arguments(trans_a, trans_b, a, b, c);
       if (detail::cublas_gemm_in(ctx, trans_a, trans_b, alpha, a, b, beta, c)) return;
     }
+  }
 #endif
+  if constexpr (!is_half_v<TA>) {
+    gemm(ctx.exec(), trans_a, trans_b, alpha, a, b, beta, c);
+  } else {
     if constexpr (std::is_same_v<TA, bfloat16> && std::is_same_v<typename ExecSpace::memory_space, Kokkos::HostSpace>) {
       if (bf16_dot_products_in_use()) {
         detail::check_gemm_arguments(trans_a, trans_b, a, b, c);

@@ -54,8 +54,26 @@ KOKKOS_INLINE_FUNCTION T gelu_derivative(T u) {
   return s + u * s * (T(1) - s) * T(2) * da;
 }
 
-// Element-wise kernels of [rows, cols] matrices: rows outer, columns inner (the inner loop
-// vectorizes), computed in accumulate_t of the storage type and rounded once.
+// y += x (a residual connection) for [rows, cols] matrices, computed in accumulate_t of y's
+// type and rounded once.
+template <class ExecSpace, class Y, class X>
+void add_into(const ExecSpace& exec, const Y& y, const X& x) {
+  static_assert(Y::rank == 2 && X::rank == 2, "add_into: y and x [rows, cols]");
+  using T = scalar_of<Y>;
+  using A = accumulate_t<T>;
+  check_extents("longattn::add_into", "x", x, {std::int64_t(y.extent(0)), std::int64_t(y.extent(1))}, "the extents of y");
+  const int cols = int(y.extent(1));
+  Kokkos::parallel_for(
+      "longattn::add_into", Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(exec, 0, y.extent(0)),
+      KOKKOS_LAMBDA(std::int64_t r) {
+        for (int c = 0; c < cols; ++c) y(r, c) = T(A(y(r, c)) + A(x(r, c)));
+      });
+}
+
+namespace detail {
+// linear_forward's and linear_input_gradient's element-wise kernels, of [rows, cols] matrices
+// whose extents they checked: rows outer, columns inner (the inner loop vectorizes), computed in
+// accumulate_t of the storage type and rounded once.
 
 // g = GELU(u).
 template <class ExecSpace, class U, class G>
@@ -86,19 +104,6 @@ void gelu_backward(const ExecSpace& exec, const U& u, const D& d) {
       });
 }
 
-// y += x (a residual connection).
-template <class ExecSpace, class Y, class X>
-void add_into(const ExecSpace& exec, const Y& y, const X& x) {
-  using T = scalar_of<Y>;
-  using A = accumulate_t<T>;
-  const int cols = int(y.extent(1));
-  Kokkos::parallel_for(
-      "longattn::add_into", Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(exec, 0, y.extent(0)),
-      KOKKOS_LAMBDA(std::int64_t r) {
-        for (int c = 0; c < cols; ++c) y(r, c) = T(A(y(r, c)) + A(x(r, c)));
-      });
-}
-
 // out[r][e] = bias[e] for every row of a [rows, E] matrix (a linear layer's bias, before its
 // gemm with beta = 1). A 2D range, columns fastest: vectorized rows on the host, coalesced on
 // GPUs (a flat index paid a division per element: 4% of a training step).
@@ -110,6 +115,7 @@ void broadcast_rows(const ExecSpace& exec, const Bias& bias, const Out& out) {
       "longattn::broadcast_rows", Policy(exec, {0, 0}, {std::int64_t(out.extent(0)), std::int64_t(out.extent(1))}),
       KOKKOS_LAMBDA(std::int64_t r, std::int64_t e) { out(r, e) = bias(e); });
 }
+}  // namespace detail
 
 // What follows a linear layer's product, each left out while its view is empty (no data).
 template <class Matrix>
@@ -146,18 +152,6 @@ bool cublaslt_linear_in(const ExecutionContext<Kokkos::Cuda>& ctx, bool trans_b,
   const memory::CategoryScope scope(memory::Category::workspaces);
   const auto workspace = ctx.template allocate<Kokkos::View<char*, Kokkos::Cuda::memory_space>>(cublas_workspace_bytes);
   return cublaslt_matmul(ctx.exec().cuda_stream(), call, workspace.data(), cublas_workspace_bytes);
-}
-
-// Whether a layer of T's on ExecSpace may run on cuBLASLt: 16-bit storage on Kokkos::Cuda, and
-// float where TF32 products are allowed (gemm.hpp's tf32_matmul_allowed()).
-template <class ExecSpace, class T, class... Views>
-constexpr bool on_cublaslt() {
-  return std::is_same_v<ExecSpace, Kokkos::Cuda> && (is_half_v<T> || std::is_same_v<T, float>) &&
-         (std::is_same_v<typename Views::memory_space, Kokkos::Cuda::memory_space> && ...);
-}
-template <class T>
-bool cublaslt_takes() {
-  return is_half_v<T> || tf32_matmul_allowed();
 }
 
 // linear_forward in one cuBLASLt matmul (arguments checked); false where it cannot be one.
@@ -218,20 +212,20 @@ void linear_forward(const ExecutionContext<ExecSpace>& ctx, const X& x, const W&
   if (rows == 0 || out == 0) return;
   using Accumulate = accumulate_t<T>;
 #if defined(KOKKOS_ENABLE_CUDA)
-  if constexpr (detail::on_cublaslt<ExecSpace, T, X, W, Bias, Y>()) {
+  if constexpr (detail::on_cuda_tensor_cores<ExecSpace, T, X, W, Bias, Y>()) {
     const bool gelu_in_epilogue = has_gelu && cublaslt_gelu_in_use();
-    if (detail::cublaslt_takes<T>() &&
+    if (detail::tensor_cores_take<T>() &&
         detail::linear_forward_on_cublaslt(ctx, x, w, bias, y, {after.residual, gelu_in_epilogue ? after.gelu : Y()})) {
-      if (has_gelu && !gelu_in_epilogue) gelu_forward(ctx.exec(), y, after.gelu);
+      if (has_gelu && !gelu_in_epilogue) detail::gelu_forward(ctx.exec(), y, after.gelu);
       return;
     }
   }
 #endif
   const ExecSpace& exec = ctx.exec();
-  if (has_bias) broadcast_rows(exec, bias, y);
+  if (has_bias) detail::broadcast_rows(exec, bias, y);
   gemm(ctx, "N", "T", Accumulate(1), x, w, Accumulate(has_bias ? 1 : 0), y);
   if (has_residual) add_into(exec, y, after.residual);
-  if (has_gelu) gelu_forward(exec, y, after.gelu);
+  if (has_gelu) detail::gelu_forward(exec, y, after.gelu);
 }
 
 // dx = dy W, the gradient of a linear layer's input (dy [rows, out], W [out, in], dx [rows, in]);
@@ -257,8 +251,8 @@ void linear_input_gradient(const ExecutionContext<ExecSpace>& ctx, const DY& dy,
   if (rows == 0 || in == 0) return;
   using Accumulate = accumulate_t<T>;
 #if defined(KOKKOS_ENABLE_CUDA)
-  if constexpr (detail::on_cublaslt<ExecSpace, T, DY, W, DX>()) {
-    if (has_gelu && cublaslt_gelu_in_use() && detail::cublaslt_takes<T>()) {
+  if constexpr (detail::on_cuda_tensor_cores<ExecSpace, T, DY, W, DX>()) {
+    if (has_gelu && cublaslt_gelu_in_use() && detail::tensor_cores_take<T>()) {
       detail::CublasLtMatmul call;
       call.gemm.alpha = 1;
       call.epilogue = detail::CublasEpilogue::dgelu;
@@ -269,7 +263,7 @@ void linear_input_gradient(const ExecutionContext<ExecSpace>& ctx, const DY& dy,
   }
 #endif
   gemm(ctx, "N", "N", Accumulate(1), dy, w, Accumulate(0), dx);
-  if (has_gelu) gelu_backward(ctx.exec(), gelu_input, dx);
+  if (has_gelu) detail::gelu_backward(ctx.exec(), gelu_input, dx);
 }
 
 }  // namespace longattn

@@ -21,6 +21,12 @@ struct RuntimeOptions {
   bool select_blas_kernels = false;
 };
 
+// Reads longattn's environment switches now (LONGATTN_ALLOW_TF32, LONGATTN_CUBLASLT_GELU,
+// LONGATTN_BF16_DOT_PRODUCTS; docs/user-guide.md): a value they do not take is a longattn::Error
+// here, on every build and CPU, rather than where a path first reads it (where a build has no
+// such path, never). longattn's apps call it as they start.
+void check_environment_switches();
+
 class ScopeGuard {
  public:
   ScopeGuard(int& argc, char* argv[], const RuntimeOptions& options = {});
