@@ -866,6 +866,38 @@ TEST_CASE("longattn-plan's memory holds on random models and layouts", "[train][
   }
 }
 
+// Dilated attention's passes copy one sequence's selected tokens of their heads where the rows
+// of a head are not together (on host spaces): the planner counts the largest pass's copies.
+TEST_CASE("longattn-plan counts dilated attention's head-major copies pass by pass", "[train][plan]") {
+  if (!Kokkos::SpaceAccessibility<Kokkos::DefaultExecutionSpace, Kokkos::HostSpace>::accessible) {
+    WARN("SKIP: the attention makes head-major copies on host spaces only");
+    return;
+  }
+  for (const int heads : {1, 4}) {
+    TrainConfig c = tiny_config();
+    c.steps = 1;
+    c.memory_limit_mib = 4096;  // a pool of the run's own
+    c.model.layers = 1;
+    c.model.heads = heads;
+    c.model.context = 256;
+    c.batch = 2;
+    c.model.attention = parse_attention_spec("dilated:w=128,256;r=1,2");
+    const TrainResult r = run_training(c, self(), nullptr);
+    auto bytes = [](const auto& named, const std::string& name) {
+      for (const auto& [n, b] : named)
+        if (n == name) return double(b);
+      return 0.0;
+    };
+    // fp32: no matrix product's copies. One head: only the rate-2 pass copies (s / 2 tokens);
+    // four: the rate-1 pass's four heads of s tokens.
+    const double D = double(c.model.embed / heads);
+    const double expected = heads == 1 ? 2 * 4 * (256 / 2) * D : 2 * 4 * 256 * 4 * D;
+    INFO(heads << " heads");
+    CHECK(bytes(r.predicted_memory, "transient copies") == expected);
+    CHECK(bytes(r.memory_by_category, "transient copies") == Approx(expected).epsilon(0.02));
+  }
+}
+
 // cp 2 (ring attention, distributed dilated attention) against one rank: the same losses.
 static void check_context_parallel(const std::string& spec, Precision precision,
                                    PositionEncoding positions = PositionEncoding::learned) {

@@ -109,14 +109,15 @@ AttentionWork attention_work(const ModelConfig& model) {
       work.scores = dilated_attention_scores(model.sequence, int(model.heads), spec.dilated, model.causal);
       const auto passes = dilated::passes(spec.dilated, int(model.heads));
       for (std::size_t i = 0; i < spec.dilated.segment_lengths.size(); ++i) {
-        double heads = 0, scores = 0;
+        double heads = 0, pass_heads = 0, scores = 0;
         for (const dilated::Pass& pass : passes) {
           if (pass.config != int(i)) continue;
           heads += pass.head_count;
+          pass_heads = std::max(pass_heads, double(pass.head_count));
           scores += dilated::pass_scores(pass, model.sequence, model.causal);
         }
         work.dilated_levels.push_back(
-            {double(spec.dilated.segment_lengths[i]), double(spec.dilated.dilation_rates[i]), heads, scores});
+            {double(spec.dilated.segment_lengths[i]), double(spec.dilated.dilation_rates[i]), heads, pass_heads, scores});
       }
       break;
     }
@@ -255,11 +256,21 @@ Estimate estimate(const Plan& plan, const AttentionWork& work) {
   if (gemm_workspace > attention_workspace) workspace_formula += ", or a 16-bit matrix product's workspace if larger";
   e.memory.push_back({"workspaces", pass_buffers + std::max(attention_workspace, gemm_workspace), workspace_formula});
 
-  // Transient copies: the attention's head-major copies (two of Q, K, V, dO at a time; a ring
-  // step's piece is half a zigzag shard) and 16-bit matrix products' operand copies (the largest
-  // of the layer's products: Q, K, V and output projections, the MLP, the head).
-  const double pieces = c > 1 && !dilated && model.causal ? 0.5 : 1.0;
-  const double head_major = plan.copies.head_major_attention && a / t > 1 ? 2 * element * rows * pieces * (h / t) : 0;
+  // Transient copies: the attention's head-major copies and 16-bit matrix products' operand
+  // copies (the largest of the layer's products: Q, K, V and output projections, the MLP, the
+  // head). A kernel call copies two of its Q, K, V, dO at a time where they do not hold each
+  // head's rows together (more than one head in the tensor, or every r-th token): dense attention all its
+  // rows (a ring step's piece is half a zigzag shard); a dilated pass one sequence's selected
+  // tokens of the pass's heads (s / r, or under context parallelism a spanning segment's / r).
+  double head_major = 0;
+  if (plan.copies.head_major_attention && !dilated && a / t > 1)
+    head_major = 2 * element * rows * (c > 1 && model.causal ? 0.5 : 1.0) * (h / t);
+  if (plan.copies.head_major_attention && dilated)
+    for (const auto& level : work.dilated_levels) {
+      const double pass_heads = std::ceil(level.pass_heads / t), segment = std::min(level.segment, s);
+      if (level.rate > 1 || a / t > 1)
+        head_major = std::max(head_major, 2 * element * std::max(segment, s_local) / level.rate * pass_heads * D);
+    }
   double gemm_copies = 0;
   if (element < 4)
     for (const auto& [R, I, O] : {std::array<double, 3>{rows, h, 3 * h / t}, {rows, h / t, h}, {rows, h, f / t},

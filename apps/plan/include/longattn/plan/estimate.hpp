@@ -15,10 +15,11 @@ struct AttentionWork {
   double scores = 0;         // (query, key) scores per sequence, all heads, as the kernels compute them
   // Context parallelism: how many other ranks' key/value shards a rank needs (c - 1 for dense;
   // fewer for a local block-sparse window), and for dilated attention each configuration's
-  // segment length, rate and heads (segments longer than a shard all-gather their keys), and the
+  // segment length, rate and heads (segments longer than a shard all-gather their keys), the
+  // heads of its largest pass (one kernel call's, with every r-th token of a sequence) and the
   // scores of its passes (their kernels run on segments of segment / rate tokens).
   double key_reach_tokens = 0;  // how far back (and ahead, non-causal) a query reaches; 0: everywhere
-  struct DilatedLevel { double segment, rate, heads, scores; };
+  struct DilatedLevel { double segment, rate, heads, pass_heads, scores; };
   std::vector<DilatedLevel> dilated_levels;
 };
 AttentionWork attention_work(const ModelConfig& model);  // throws Error for a bad spec
