@@ -77,8 +77,7 @@ double measure_speedup() {
 }
 
 // LONGATTN_BF16_DOT_PRODUCTS: unset or "auto": used where they are faster; "1": used wherever
-// the CPU has them; "0": not used.
-// The value is checked on every CPU, used only on those with the instructions.
+// the CPU has them; "0": not used. Checked on every CPU, used only on those with them.
 bool wanted() {
   const char* value = std::getenv("LONGATTN_BF16_DOT_PRODUCTS");
   const std::string v = value ? value : "auto";
