@@ -27,6 +27,7 @@
 #include <random>
 #include <sstream>
 
+#include "longattn/core/attention.hpp"
 #include "longattn/core/bf16_dot_products.hpp"
 #include "longattn/core/gemm.hpp"
 #include "longattn/train/checkpoint.hpp"
@@ -655,6 +656,10 @@ TEST_CASE("a run carries longattn-plan's memory and compute-time prediction for 
   p.model.sub_layer_norm = true;
   p.training.fp32_gradients = p.training.fp32_gradient_reduce = true;
   p.copies.head_major_attention = Kokkos::SpaceAccessibility<Kokkos::DefaultExecutionSpace, Kokkos::HostSpace>::accessible;
+  // The host's attention backward sums dQ in a workspace in its one-pass form (bf16: always then).
+  p.copies.attention_dq_sum = !p.copies.head_major_attention ||
+                              longattn::attention_backward_one_pass<longattn::bfloat16>(
+                                  Kokkos::DefaultExecutionSpace(), int(c.micro_batch), 2, 16);
   // On the GPU cuBLAS reads the operands in place, in its workspace; on a CPU they are copied.
   p.copies.gemm_workspace_bytes = double(longattn::gemm_workspace_bytes<Kokkos::DefaultExecutionSpace>());
   p.copies.gemm = p.copies.gemm_workspace_bytes > 0     ? plan::KernelCopies::Gemm::none
@@ -868,6 +873,14 @@ TEST_CASE("longattn-plan's memory holds on random models and layouts", "[train][
 
 // Says SKIP (and the case checks nothing) unless the attention makes head-major copies: on host
 // spaces (a function, not a constant: nvcc would call the rest of the case unreachable).
+// A category's bytes in a run's (name, bytes) list.
+template <class Named>
+static double category_bytes(const Named& named, const std::string& name) {
+  for (const auto& [n, b] : named)
+    if (n == name) return double(b);
+  return 0.0;
+}
+
 static bool head_major_copies() {
   if (Kokkos::SpaceAccessibility<Kokkos::DefaultExecutionSpace, Kokkos::HostSpace>::accessible) return true;
   WARN("SKIP: the attention makes head-major copies on host spaces only");
@@ -888,19 +901,39 @@ TEST_CASE("longattn-plan counts dilated attention's head-major copies pass by pa
     c.batch = 2;
     c.model.attention = parse_attention_spec("dilated:w=128,256;r=1,2");
     const TrainResult r = run_training(c, self(), nullptr);
-    auto bytes = [](const auto& named, const std::string& name) {
-      for (const auto& [n, b] : named)
-        if (n == name) return double(b);
-      return 0.0;
-    };
     // fp32: no matrix product's copies. One head: only the rate-2 pass copies (s / 2 tokens);
     // four: the rate-1 pass's four heads of s tokens.
     const double D = double(c.model.embed / heads);
     const double expected = heads == 1 ? 2 * 4 * (256 / 2) * D : 2 * 4 * 256 * 4 * D;
     INFO(heads << " heads");
-    CHECK(bytes(r.predicted_memory, "transient copies") == expected);
-    CHECK(bytes(r.memory_by_category, "transient copies") == Approx(expected).epsilon(0.02));
+    CHECK(category_bytes(r.predicted_memory, "transient copies") == expected);
+    CHECK(category_bytes(r.memory_by_category, "transient copies") == Approx(expected).epsilon(0.02));
   }
+}
+
+// The attention backward's one-pass form sums dQ in an fp32 workspace; the two-pass form (head
+// dims not a multiple of the one-pass form's) has none. The planner asks core which form runs.
+TEST_CASE("longattn-plan counts the attention backward's dQ sums where its one-pass form runs", "[train][plan]") {
+  if (!head_major_copies()) return;
+  constexpr int multiple = longattn::attention_one_pass_head_dim_multiple<Kokkos::DefaultExecutionSpace, longattn::bfloat16>();
+  for (const char* attention : {"dense", "dilated:w=128,256;r=1,2"})
+    for (const int head_dim : {multiple, multiple / 2}) {
+      TrainConfig c = tiny_config();
+      c.steps = 1;
+      c.memory_limit_mib = 4096;  // a pool of the run's own
+      c.precision = Precision::bf16;
+      c.model.layers = 1;
+      c.model.heads = 2;
+      c.model.embed = 2 * head_dim;
+      c.model.context = 256;
+      c.batch = 2;
+      c.model.attention = parse_attention_spec(attention);
+      const TrainResult r = run_training(c, self(), nullptr);
+      INFO(attention << ", head dim " << head_dim);
+      // The dQ sums are a tenth of the workspaces here; the pool rounds each block to 4 KiB.
+      const double predicted = category_bytes(r.predicted_memory, "workspaces");
+      CHECK(category_bytes(r.memory_by_category, "workspaces") == Approx(predicted).epsilon(0.01));
+    }
 }
 
 // cp 2 (ring attention, distributed dilated attention) against one rank: the same losses.

@@ -495,6 +495,49 @@ TEMPLATE_LIST_TEST_CASE("head-major copies give the in-place results bit for bit
     }
 }
 
+// attention_backward_one_pass() is what a memory planner asks; on a host space the one-pass
+// form's dQ sums (a third tensor beside two head-major copies) show in the pool's high-water.
+TEMPLATE_LIST_TEST_CASE("attention_backward_one_pass says which form attention_backward takes",
+                        "[core][attention]", longattn::test::ExecutionSpaces) {
+  using Memory = typename TestType::memory_space;
+  using Tensor = Kokkos::View<float****, Kokkos::LayoutRight, Memory>;
+  constexpr bool host = Kokkos::SpaceAccessibility<TestType, Kokkos::HostSpace>::accessible;
+  constexpr int multiple = longattn::attention_one_pass_head_dim_multiple<TestType, float>();
+  const TestType exec;
+  CHECK_FALSE(longattn::attention_backward_one_pass<float>(exec, 2, 3, multiple, longattn::BackwardPasses::two));
+  CHECK(longattn::attention_backward_one_pass<float>(exec, 2, 3, multiple, longattn::BackwardPasses::one));
+  CHECK_THROWS_WITH(longattn::attention_backward_one_pass<float>(exec, 2, -3, multiple),
+                    Catch::Contains("attention_backward_one_pass: argument 'heads' is -3, expected a count >= 0"));
+  std::mt19937_64 rng(longattn::test::test_seed());
+  const longattn::memory::Pool<Memory> pool;
+  const longattn::ExecutionContext<TestType> context(exec, pool);
+  const int tokens = 200;
+  for (const int head_dim : {multiple, multiple + 2})
+    for (const int heads : {2, 3, 64}) {
+      const Shape s{1, tokens, tokens, heads, head_dim};
+      INFO(describe(s, true));
+      const bool one_pass = longattn::attention_backward_one_pass<float>(exec, 1, heads, head_dim);
+      if (head_dim % multiple != 0) CHECK_FALSE(one_pass);
+      const auto q = to_device<float, Memory>(random_tensor<float>(1, tokens, heads, head_dim, rng));
+      const auto k = to_device<float, Memory>(random_tensor<float>(1, tokens, heads, head_dim, rng));
+      const auto v = to_device<float, Memory>(random_tensor<float>(1, tokens, heads, head_dim, rng));
+      const auto d_o = to_device<float, Memory>(random_tensor<float>(1, tokens, heads, head_dim, rng));
+      Tensor o("o", 1, tokens, heads, head_dim), dq("dq", 1, tokens, heads, head_dim);
+      Tensor dk("dk", 1, tokens, heads, head_dim), dv("dv", 1, tokens, heads, head_dim);
+      Kokkos::View<float***, Memory> lse("lse", 1, heads, tokens);
+      const auto opts = options(s, true);
+      longattn::attention_forward(context, q, k, v, o, lse, opts);
+      pool.reset_high_water();
+      longattn::attention_backward(context, q, k, v, o, d_o, lse, dq, dk, dv, opts);
+      exec.fence();
+      // Two passes hold two copies and Delta (and the pool's rounding); one pass also dQ's sums.
+      // A device space reads in place and sums into dq.
+      const std::size_t tensor_bytes = std::size_t(tokens) * heads * head_dim * sizeof(float);
+      const bool sums_dq = pool.stats().in_use_high_water_bytes >= 3 * tensor_bytes;
+      if (host) CHECK(sums_dq == one_pass);
+    }
+}
+
 TEMPLATE_LIST_TEST_CASE("attention over [K1; K2] equals merge_partial of attention over K1 and over K2",
                         "[core][attention][merge]", longattn::test::ExecutionSpaces) {
   using Memory = typename TestType::memory_space;

@@ -237,19 +237,41 @@ Estimate estimate(const Plan& plan, const AttentionWork& work) {
   // product's operand copies: the two never run at once, so the whole takes the larger.
   const double recomputed_layer = full ? kept_layer - input_only : 0;
   const double pass_buffers = backward_buffer_bytes(shape) + recomputed_layer;
-  double attention_workspace = attention_backward_bytes(shape) +
+  // The attention kernel calls' tensors, in elements (tokens x heads x D): dense attention's
+  // hold all its rows (a ring step's piece is half a zigzag shard); a dilated pass's one
+  // sequence's selected tokens of the pass's heads, s_local / r queries and as many keys, or
+  // under context parallelism a spanning segment's / r. "Apart": they hold each head's rows
+  // apart (more than one head in the tensor, or every r-th token).
+  double keys_apart = 0, queries = 0, queries_apart = 0;  // the largest call's
+  const auto add_call = [&](double key_elements, double query_elements, bool apart) {
+    if (apart) keys_apart = std::max(keys_apart, key_elements);
+    if (apart) queries_apart = std::max(queries_apart, query_elements);
+    queries = std::max(queries, query_elements);
+  };
+  if (!dilated) {
+    const double elements = rows * (c > 1 && model.causal ? 0.5 : 1.0) * (h / t);
+    add_call(elements, elements, a / t > 1);
+  }
+  for (const auto& level : dilated ? work.dilated_levels : std::vector<AttentionWork::DilatedLevel>{}) {
+    const double heads = std::ceil(level.pass_heads / t) * D, segment = std::min(level.segment, s);
+    add_call(std::max(segment, s_local) / level.rate * heads, s_local / level.rate * heads,
+             level.rate > 1 || a / t > 1);
+  }
+  // The one-pass backward's fp32 dQ sums beside dq (KernelCopies::attention_dq_sum): for 16-bit
+  // dq, or float dq whose heads' rows are apart where the kernels stream head-major copies.
+  const double dq_sum = !plan.copies.attention_dq_sum ? 0
+                        : element < 4                 ? 4 * queries
+                                                      : (plan.copies.head_major_attention ? 4 * queries_apart : 0);
+  double attention_workspace = attention_backward_bytes(shape) + dq_sum +
                                (training.recompute == Recompute::selective ? outputs : 0);
   std::string workspace_formula = "s b (3 h + f / t): backward's gradient buffers";
   if (full) workspace_formula += " + the recomputed layer";
-  workspace_formula += " + the attention backward's gradient buffers (5 s b h / t), fp32 dQ sum and Delta";
+  workspace_formula += " + the attention backward's gradient buffers (5 s b h / t) and Delta";
+  if (dq_sum > 0) workspace_formula += " + its one-pass form's fp32 dQ sum of a kernel call";
   if (training.recompute == Recompute::selective) workspace_formula += " + its recomputed outputs";
-  if (dilated && work.dilated_levels.size() > 1) {
-    attention_workspace += rows * ((h / t) * element + 4 * (a / t));
-    workspace_formula += " + partial o and lse of the dilated merge";
-  }
-  if (c > 1 && !dilated && element < 4) {
-    attention_workspace += rows * (h / t) * (3 * 4 + element);
-    workspace_formula += " + the 16-bit ring's fp32 dQ, dK, dV";
+  if (c > 1 && !dilated && element < 4) {  // and a step's part of dQ in 16 bits (one zigzag half where causal)
+    attention_workspace += rows * (h / t) * (3 * 4 + element * (model.causal ? 0.5 : 1.0));
+    workspace_formula += " + the 16-bit ring's fp32 dQ, dK, dV and a step's part of dQ";
   }
   // A 16-bit matrix product's workspace (cuBLAS's) and the attention's are never held at once.
   const double gemm_workspace = element < 4 ? plan.copies.gemm_workspace_bytes : 0;
@@ -258,19 +280,9 @@ Estimate estimate(const Plan& plan, const AttentionWork& work) {
 
   // Transient copies: the attention's head-major copies and 16-bit matrix products' operand
   // copies (the largest of the layer's products: Q, K, V and output projections, the MLP, the
-  // head). A kernel call copies two of its Q, K, V, dO at a time where they do not hold each
-  // head's rows together (more than one head in the tensor, or every r-th token): dense attention all its
-  // rows (a ring step's piece is half a zigzag shard); a dilated pass one sequence's selected
-  // tokens of the pass's heads (s / r, or under context parallelism a spanning segment's / r).
-  double head_major = 0;
-  if (plan.copies.head_major_attention && !dilated && a / t > 1)
-    head_major = 2 * element * rows * (c > 1 && model.causal ? 0.5 : 1.0) * (h / t);
-  if (plan.copies.head_major_attention && dilated)
-    for (const auto& level : work.dilated_levels) {
-      const double pass_heads = std::ceil(level.pass_heads / t), segment = std::min(level.segment, s);
-      if (level.rate > 1 || a / t > 1)
-        head_major = std::max(head_major, 2 * element * std::max(segment, s_local) / level.rate * pass_heads * D);
-    }
+  // head). A kernel call copies two of its Q, K, V, dO at a time where they hold each head's
+  // rows apart (above).
+  const double head_major = plan.copies.head_major_attention ? 2 * element * keys_apart : 0;
   double gemm_copies = 0;
   if (element < 4)
     for (const auto& [R, I, O] : {std::array<double, 3>{rows, h, 3 * h / t}, {rows, h / t, h}, {rows, h, f / t},

@@ -683,6 +683,24 @@ LONGATTN_ETI_FOR_EACH(LONGATTN_ETI_STORAGE_TYPES, LONGATTN_ATTENTION_DENSE_ETI)
 
 }  // namespace detail
 
+// Whether attention_backward takes the one-pass form on `exec` for `batch` x `heads` heads of
+// `head_dim` (BackwardPasses: with `automatic`, where the head dim allows it and the heads keep
+// the space's teams busy). Only that form sums dQ in a workspace beside dq (AttentionOptions::
+// head_major_copies); memory planners ask this. The tensor-core kernels choose their own form.
+template <class T, class Tiles = DefaultTiles, class ExecSpace>
+bool attention_backward_one_pass(const ExecSpace& exec, int batch, int heads, int head_dim,
+                                 BackwardPasses passes = BackwardPasses::automatic) {
+  const char* where = "longattn::attention_backward_one_pass";
+  require(batch >= 0, where, "batch", batch, "a count >= 0");
+  require(heads >= 0, where, "heads", heads, "a count >= 0");
+  require(head_dim >= 0, where, "head_dim", head_dim, "a count >= 0");
+  detail::AttentionGeometry geo;
+  geo.batch = batch;
+  geo.heads = heads;
+  geo.head_dim = head_dim;
+  return detail::AttentionKernels<ExecSpace, T, DenseBlocks, tiles_for_t<ExecSpace, Tiles>>::one_pass(exec, geo, passes);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Tiles: the tile configuration (attention_tiles.hpp), the space's own unless given:
 // attention_forward<ThreadTiles<4>>(exec, ...) runs the GPU's shape of the kernels on a host space.

@@ -93,10 +93,11 @@ inline double backward_buffer_bytes(const LayerShape& x) {
   return x.e * (3 * x.replicated * x.h + x.rows * x.f / x.t + x.rows);
 }
 // The attention's backward: the gradients of its output projection's input, of A (sub-LN) and
-// of Q, K, V (h/t each), dQ summed in fp32 (h/t) and Delta (4 a/t B a row).
+// of Q, K, V (h/t each) and Delta (4 a/t B a row); the kernels' own dQ sums are apart
+// (KernelCopies::attention_dq_sum).
 inline double attention_backward_bytes(const LayerShape& x) {
   const double sub = x.sub_layer_norm ? 1 : 0;
-  return x.rows * (x.e * x.h / x.t * (4 + sub) + 4 * x.h / x.t + 4 * x.a / x.t);
+  return x.rows * (x.e * x.h / x.t * (4 + sub) + 4 * x.a / x.t);
 }
 
 // A 16-bit matrix product's operand copies (KernelCopies::Gemm) for a linear layer of R rows, I

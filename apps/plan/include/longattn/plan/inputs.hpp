@@ -56,6 +56,10 @@ struct KernelCopies {
   // workspace; memory category "workspaces").
   double gemm_workspace_bytes = 0;
   bool head_major_attention = false;  // attention streams head-major copies of two of Q, K, V, dO at a time
+  // The attention backward takes its one-pass form, which sums dQ in an fp32 workspace beside a
+  // 16-bit dq, or beside a float dq whose heads' rows are apart where head-major copies are
+  // streamed (attention_backward_one_pass); false: two passes, dQ in a pass of its own.
+  bool attention_dq_sum = true;
 };
 
 // One GPU kind. Bandwidths are per GPU and per direction, in bytes/s.
