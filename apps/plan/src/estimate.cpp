@@ -232,9 +232,10 @@ Estimate estimate(const Plan& plan, const AttentionWork& work) {
 
   // Backward's workspaces: its buffers for the whole pass (and under full recomputation the
   // layer recomputed, kept whole); then either a layer's attention backward (its buffers, the
-  // recomputed outputs under selective recomputation, dilated attention's partial results, a
-  // 16-bit ring's fp32 accumulators) beside the attention's head-major copies, or a matrix
-  // product's operand copies: the two never run at once, so the whole takes the larger.
+  // recomputed outputs under selective recomputation, the kernels' dQ sums, a 16-bit ring's
+  // fp32 accumulators; dilated attention's merge buffers live in the forward pass only) beside
+  // the attention's head-major copies, or a matrix product's operand copies: the two never run
+  // at once, so the whole takes the larger.
   const double recomputed_layer = full ? kept_layer - input_only : 0;
   const double pass_buffers = backward_buffer_bytes(shape) + recomputed_layer;
   // The attention kernel calls' tensors, in elements (tokens x heads x D): dense attention's
@@ -253,8 +254,8 @@ Estimate estimate(const Plan& plan, const AttentionWork& work) {
     add_call(elements, elements, a / t > 1);
   }
   for (const auto& level : dilated ? work.dilated_levels : std::vector<AttentionWork::DilatedLevel>{}) {
-    const double heads = std::ceil(level.pass_heads / t) * D, segment = std::min(level.segment, s);
-    add_call(std::max(segment, s_local) / level.rate * heads, s_local / level.rate * heads,
+    const double features = std::ceil(level.pass_heads / t) * D, segment = std::min(level.segment, s);
+    add_call(std::max(segment, s_local) / level.rate * features, s_local / level.rate * features,
              level.rate > 1 || a / t > 1);
   }
   // The one-pass backward's fp32 dQ sums beside dq (KernelCopies::attention_dq_sum): for 16-bit
