@@ -659,7 +659,8 @@ TEST_CASE("a run carries longattn-plan's memory and compute-time prediction for 
   // The host's attention backward sums dQ in a workspace in its one-pass form (bf16: always then).
   p.copies.attention_dq_sum = !p.copies.head_major_attention ||
                               longattn::attention_backward_one_pass<longattn::bfloat16>(
-                                  Kokkos::DefaultExecutionSpace(), int(c.micro_batch), 2, 16);
+                                  Kokkos::DefaultExecutionSpace(), int(c.micro_batch), c.model.heads,
+                                  c.model.embed / c.model.heads);
   // On the GPU cuBLAS reads the operands in place, in its workspace; on a CPU they are copied.
   p.copies.gemm_workspace_bytes = double(longattn::gemm_workspace_bytes<Kokkos::DefaultExecutionSpace>());
   p.copies.gemm = p.copies.gemm_workspace_bytes > 0     ? plan::KernelCopies::Gemm::none
@@ -871,8 +872,6 @@ TEST_CASE("longattn-plan's memory holds on random models and layouts", "[train][
   }
 }
 
-// Says SKIP (and the case checks nothing) unless the attention makes head-major copies: on host
-// spaces (a function, not a constant: nvcc would call the rest of the case unreachable).
 // A category's bytes in a run's (name, bytes) list.
 template <class Named>
 static double category_bytes(const Named& named, const std::string& name) {
@@ -881,6 +880,8 @@ static double category_bytes(const Named& named, const std::string& name) {
   return 0.0;
 }
 
+// Says SKIP (and the case checks nothing) unless the attention makes head-major copies: on host
+// spaces (a function, not a constant: nvcc would call the rest of the case unreachable).
 static bool head_major_copies() {
   if (Kokkos::SpaceAccessibility<Kokkos::DefaultExecutionSpace, Kokkos::HostSpace>::accessible) return true;
   WARN("SKIP: the attention makes head-major copies on host spaces only");

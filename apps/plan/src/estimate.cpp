@@ -245,18 +245,21 @@ Estimate estimate(const Plan& plan, const AttentionWork& work) {
   // apart (more than one head in the tensor, or every r-th token).
   double keys_apart = 0, queries = 0, queries_apart = 0;  // the largest call's
   const auto add_call = [&](double key_elements, double query_elements, bool apart) {
-    if (apart) keys_apart = std::max(keys_apart, key_elements);
-    if (apart) queries_apart = std::max(queries_apart, query_elements);
     queries = std::max(queries, query_elements);
+    if (!apart) return;
+    keys_apart = std::max(keys_apart, key_elements);
+    queries_apart = std::max(queries_apart, query_elements);
   };
+  const double ring_piece = model.causal ? 0.5 : 1.0;  // of a shard: one zigzag half where causal
   if (!dilated) {
-    const double elements = rows * (c > 1 && model.causal ? 0.5 : 1.0) * (h / t);
+    const double elements = rows * (c > 1 ? ring_piece : 1.0) * (h / t);
     add_call(elements, elements, a / t > 1);
-  }
-  for (const auto& level : dilated ? work.dilated_levels : std::vector<AttentionWork::DilatedLevel>{}) {
-    const double features = std::ceil(level.pass_heads / t) * D, segment = std::min(level.segment, s);
-    add_call(std::max(segment, s_local) / level.rate * features, s_local / level.rate * features,
-             level.rate > 1 || a / t > 1);
+  } else {
+    for (const auto& level : work.dilated_levels) {
+      const double features = std::ceil(level.pass_heads / t) * D, segment = std::min(level.segment, s);
+      add_call(std::max(segment, s_local) / level.rate * features, s_local / level.rate * features,
+               level.rate > 1 || a / t > 1);
+    }
   }
   // The one-pass backward's fp32 dQ sums beside dq (KernelCopies::attention_dq_sum): for 16-bit
   // dq, or float dq whose heads' rows are apart where the kernels stream head-major copies.
@@ -270,8 +273,8 @@ Estimate estimate(const Plan& plan, const AttentionWork& work) {
   workspace_formula += " + the attention backward's gradient buffers (5 s b h / t) and Delta";
   if (dq_sum > 0) workspace_formula += " + its one-pass form's fp32 dQ sum of a kernel call";
   if (training.recompute == Recompute::selective) workspace_formula += " + its recomputed outputs";
-  if (c > 1 && !dilated && element < 4) {  // and a step's part of dQ in 16 bits (one zigzag half where causal)
-    attention_workspace += rows * (h / t) * (3 * 4 + element * (model.causal ? 0.5 : 1.0));
+  if (c > 1 && !dilated && element < 4) {  // and a step's part of dQ in 16 bits (a ring piece)
+    attention_workspace += rows * (h / t) * (3 * 4 + element * ring_piece);
     workspace_formula += " + the 16-bit ring's fp32 dQ, dK, dV and a step's part of dQ";
   }
   // A 16-bit matrix product's workspace (cuBLAS's) and the attention's are never held at once.

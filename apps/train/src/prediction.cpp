@@ -35,17 +35,6 @@ plan::Estimate planner_estimate(const TrainConfig& c, int ranks, double peak_flo
   using Exec = Kokkos::DefaultExecutionSpace;
   const bool host = Kokkos::SpaceAccessibility<Exec, Kokkos::HostSpace>::accessible;
   p.copies.head_major_attention = host;  // AttentionOptions::head_major_copies' default, on the CPU
-  // The CPU's attention backward form: the dense call's (dilated passes and ring pieces make
-  // calls of other sizes; on one thread a rank, as the planner's check runs, it depends on the
-  // head dim alone). On a GPU the tensor cores' one-pass form sums dQ too.
-  const int local_heads = c.model.heads / c.tp, head_dim = c.model.embed / c.model.heads;
-  const int sequences = int(c.micro_batch > 0 ? c.micro_batch : c.batch / (ranks / (c.tp * c.cp)));
-  const auto one_pass = [&](auto element) {
-    return attention_backward_one_pass<decltype(element)>(Exec(), sequences, local_heads, head_dim);
-  };
-  p.copies.attention_dq_sum = !host || (c.precision == Precision::fp32   ? one_pass(float())
-                                        : c.precision == Precision::bf16 ? one_pass(bfloat16())
-                                                                         : one_pass(float16()));
   if (c.precision != Precision::fp32) {
     // cuBLAS reads the operands in place, in a workspace of its own (gemm_workspace_bytes).
     p.copies.gemm_workspace_bytes = double(gemm_workspace_bytes<Exec>());
@@ -80,6 +69,16 @@ plan::Estimate planner_estimate(const TrainConfig& c, int ranks, double peak_flo
   p.layout.zero_stage = c.zero;
   const std::int64_t per_rank = c.batch / p.layout.data;
   p.layout.micro_batch = c.micro_batch > 0 ? c.micro_batch : per_rank;
+  // The CPU's attention backward form: the dense call's (dilated passes and ring pieces make
+  // calls of other sizes; on one thread a rank, as the planner's check runs, it depends on the
+  // head dim alone). On a GPU the tensor cores' one-pass form sums dQ too.
+  const auto one_pass = [&](auto element) {
+    return attention_backward_one_pass<decltype(element)>(Exec(), int(p.layout.micro_batch), c.model.heads / c.tp,
+                                                          c.model.embed / c.model.heads);
+  };
+  p.copies.attention_dq_sum = !host || (c.precision == Precision::fp32   ? one_pass(float())
+                                        : c.precision == Precision::bf16 ? one_pass(bfloat16())
+                                                                         : one_pass(float16()));
   return plan::estimate(p);
 }
 
