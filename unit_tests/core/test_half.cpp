@@ -10,6 +10,7 @@
 #include <limits>
 #include <random>
 
+#include "execution_spaces.hpp"
 #include "longattn/core/half.hpp"
 
 namespace {
@@ -39,7 +40,44 @@ void check_round_trip_and_ties(std::uint16_t largest_finite) {
   CHECK(wrong_near_tie == 0);
 }
 
+// A 16-bit value from its definition, in double: sign, exponent field e (biased by `bias`),
+// mantissa field m of `mantissa_bits`; e all ones is infinity (m 0) or NaN, e 0 is m 2^(1-bias-p).
+double value_of(std::uint32_t bits, int exponent_bits, int mantissa_bits) {
+  const int bias = (1 << (exponent_bits - 1)) - 1;
+  const std::uint32_t m = bits & ((1u << mantissa_bits) - 1), e = (bits >> mantissa_bits) & ((1u << exponent_bits) - 1);
+  const double sign = (bits >> (exponent_bits + mantissa_bits)) & 1u ? -1.0 : 1.0;
+  if (e == (1u << exponent_bits) - 1)
+    return m == 0 ? sign * std::numeric_limits<double>::infinity() : std::numeric_limits<double>::quiet_NaN();
+  const double fraction = double(m) / double(1u << mantissa_bits);
+  return sign * std::ldexp(e == 0 ? fraction : 1.0 + fraction, (e == 0 ? 1 : int(e)) - bias);
+}
+
+// Whether a converted float is the double value (NaN for NaN).
+bool same_value(float converted, double expected) {
+  return std::isnan(expected) ? std::isnan(converted) : double(converted) == expected;
+}
+
 }  // namespace
+
+TEMPLATE_LIST_TEST_CASE("every bfloat16 and float16 value reads as its float on each execution space", "[core][half]",
+                        longattn::test::ExecutionSpaces) {
+  using Exec = TestType;
+  constexpr int values = 1 << 16;
+  Kokkos::View<float* [2], typename Exec::memory_space> as_float("as_float", values);
+  Kokkos::parallel_for(
+      Kokkos::RangePolicy<Exec>(Exec(), 0, values), KOKKOS_LAMBDA(int bits) {
+        as_float(bits, 0) = float(longattn::bfloat16::from_bits(std::uint16_t(bits)));
+        as_float(bits, 1) = float(longattn::float16::from_bits(std::uint16_t(bits)));
+      });
+  const auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), as_float);
+  int wrong_bfloat16 = 0, wrong_float16 = 0;
+  for (std::uint32_t bits = 0; bits < values; ++bits) {
+    wrong_bfloat16 += !same_value(host(bits, 0), value_of(bits, 8, 7));
+    wrong_float16 += !same_value(host(bits, 1), value_of(bits, 5, 10));
+  }
+  CHECK(wrong_bfloat16 == 0);
+  CHECK(wrong_float16 == 0);
+}
 
 TEST_CASE("bfloat16 converts from float rounding to nearest even, exactly back", "[core][half]") {
   using longattn::bfloat16;

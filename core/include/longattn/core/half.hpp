@@ -52,7 +52,15 @@ KOKKOS_INLINE_FUNCTION std::uint16_t float16_bits(float x) {
   return std::uint16_t(sign | r);
 }
 
+// Every float16 value is a float exactly, so the device's own conversion gives the same result;
+// it is used there because the portable one branches per value, and values converted between
+// Hopper's asynchronous products (the accumulating forward's start) made ptxas serialize them.
 KOKKOS_INLINE_FUNCTION float float16_value(std::uint16_t h) {
+#if defined(__CUDA_ARCH__)
+  float x;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(x) : "h"(h));
+  return x;
+#else
   const std::uint32_t sign = std::uint32_t(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
   if (e == 0x1f) return float_from_bits(sign | 0x7f800000u | (m << 13));  // infinity, NaN
   if (e == 0) {                                                           // zero, subnormal: m 2^-24
@@ -60,6 +68,7 @@ KOKKOS_INLINE_FUNCTION float float16_value(std::uint16_t h) {
     return sign ? -magnitude : magnitude;
   }
   return float_from_bits(sign | ((e + 112) << 23) | (m << 13));
+#endif
 }
 
 }  // namespace detail
