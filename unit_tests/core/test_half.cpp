@@ -1,7 +1,9 @@
 // The 16-bit storage types' conversions, exhaustively: every bfloat16 and float16 value survives
 // float and back, every midpoint between neighbours rounds to the even one, values just either
 // side of a midpoint round to the nearer one; overflow, underflow, infinities and NaN. float16
-// also against the compiler's own _Float16 where it has one.
+// also against the compiler's own _Float16 where it has one, both its own conversions (a host's
+// F16C instructions where it has them) and the portable integer code; every 16-bit value read as
+// a float on each execution space (a GPU converts with its own instruction) against its definition.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -15,25 +17,36 @@
 
 namespace {
 
-// Checks one 16-bit type H over all its finite values of both signs (bits up to
-// largest_finite, then the next value away from zero is bits + 1). Counts failures instead of
-// one CHECK per value.
+// A 16-bit type's conversions as functions of bits: H's own (the hardware's where it has them), or
+// float16's portable integer code, which a host with F16C does not otherwise run.
 template <class H>
+struct Conversions {
+  static std::uint16_t to_bits(float x) { return H(x).bits; }
+  static float to_float(std::uint16_t bits) { return H::from_bits(bits); }
+};
+struct PortableFloat16 {
+  static std::uint16_t to_bits(float x) { return longattn::detail::float16_bits_portable(x); }
+  static float to_float(std::uint16_t bits) { return longattn::detail::float16_value_portable(bits); }
+};
+
+// Checks the conversions C over all finite values of both signs (bits up to largest_finite, then
+// the next value away from zero is bits + 1). Counts failures instead of one CHECK per value.
+template <class C>
 void check_round_trip_and_ties(std::uint16_t largest_finite) {
   int wrong_round_trip = 0, wrong_tie = 0, wrong_near_tie = 0;
   for (std::uint32_t bits = 0; bits <= largest_finite; ++bits)
     for (const std::uint32_t sign : {0u, 0x8000u}) {
       const std::uint16_t value_bits = std::uint16_t(bits | sign);
-      const float value = H::from_bits(value_bits);
-      if (H(value).bits != value_bits) ++wrong_round_trip;
+      const float value = C::to_float(value_bits);
+      if (C::to_bits(value) != value_bits) ++wrong_round_trip;
       if (bits == largest_finite) continue;
       // The midpoint of this value and the next one away from zero is exact in float.
-      const float next = H::from_bits(std::uint16_t((bits + 1) | sign));
+      const float next = C::to_float(std::uint16_t((bits + 1) | sign));
       const float middle = value / 2 + next / 2;
       const std::uint16_t even = (bits & 1u) ? std::uint16_t((bits + 1) | sign) : value_bits;
-      if (H(middle).bits != even) ++wrong_tie;
+      if (C::to_bits(middle) != even) ++wrong_tie;
       const float below = std::nextafter(middle, value), above = std::nextafter(middle, next);
-      if (H(below).bits != value_bits || H(above).bits != std::uint16_t((bits + 1) | sign)) ++wrong_near_tie;
+      if (C::to_bits(below) != value_bits || C::to_bits(above) != std::uint16_t((bits + 1) | sign)) ++wrong_near_tie;
     }
   CHECK(wrong_round_trip == 0);
   CHECK(wrong_tie == 0);
@@ -81,7 +94,7 @@ TEMPLATE_LIST_TEST_CASE("every bfloat16 and float16 value reads as its float on 
 
 TEST_CASE("bfloat16 converts from float rounding to nearest even, exactly back", "[core][half]") {
   using longattn::bfloat16;
-  check_round_trip_and_ties<bfloat16>(0x7f7f);
+  check_round_trip_and_ties<Conversions<bfloat16>>(0x7f7f);
   CHECK(float(bfloat16(1.0f)) == 1.0f);
   CHECK(bfloat16(1.0f).bits == 0x3f80);
   CHECK(float(bfloat16(3.14159265f)) == 3.140625f);
@@ -94,20 +107,28 @@ TEST_CASE("bfloat16 converts from float rounding to nearest even, exactly back",
   CHECK(std::abs(float(bfloat16(1e-40f)) - 1e-40f) <= 0x1p-134f);  // float's subnormals: half a step
 }
 
-TEST_CASE("float16 converts from float rounding to nearest even, exactly back", "[core][half]") {
-  using longattn::float16;
-  check_round_trip_and_ties<float16>(0x7bff);
-  CHECK(float16(1.0f).bits == 0x3c00);
-  CHECK(float(float16(65504.0f)) == 65504.0f);
-  CHECK(float16(65519.0f).bits == 0x7bff);  // below the midpoint to 65536: the largest finite
-  CHECK(float16(65520.0f).bits == 0x7c00);  // the midpoint rounds to even: infinity
-  CHECK(float16(-1e9f).bits == 0xfc00);
-  CHECK(float(float16(5.9604644775390625e-8f)) == 5.9604644775390625e-8f);  // smallest subnormal 2^-24
-  CHECK(float16(2.98023223876953125e-8f).bits == 0);                        // 2^-25: a tie, to even 0
-  CHECK(float16(2.99e-8f).bits == 1);                                       // just above it: 2^-24
-  CHECK(float16(-1e-10f).bits == 0x8000);                                   // underflow keeps the sign
-  CHECK(std::isnan(float(float16(std::numeric_limits<float>::quiet_NaN()))));
-  CHECK(std::isinf(float(float16::from_bits(0x7c00))));
+namespace {
+
+// float16's conversions C: rounding, the extremes, every value read against the definition, and
+// the compiler's own binary16 where it has one.
+template <class C>
+void check_float16() {
+  check_round_trip_and_ties<C>(0x7bff);
+  CHECK(C::to_bits(1.0f) == 0x3c00);
+  CHECK(C::to_float(C::to_bits(65504.0f)) == 65504.0f);
+  CHECK(C::to_bits(65519.0f) == 0x7bff);  // below the midpoint to 65536: the largest finite
+  CHECK(C::to_bits(65520.0f) == 0x7c00);  // the midpoint rounds to even: infinity
+  CHECK(C::to_bits(-1e9f) == 0xfc00);
+  CHECK(C::to_float(C::to_bits(5.9604644775390625e-8f)) == 5.9604644775390625e-8f);  // smallest subnormal 2^-24
+  CHECK(C::to_bits(2.98023223876953125e-8f) == 0);                                  // 2^-25: a tie, to even 0
+  CHECK(C::to_bits(2.99e-8f) == 1);                                                 // just above it: 2^-24
+  CHECK(C::to_bits(-1e-10f) == 0x8000);                                             // underflow keeps the sign
+  CHECK(std::isnan(C::to_float(C::to_bits(std::numeric_limits<float>::quiet_NaN()))));
+  CHECK(std::isinf(C::to_float(0x7c00)));
+  int wrong_value = 0;
+  for (std::uint32_t bits = 0; bits < (1u << 16); ++bits)
+    wrong_value += !same_value(C::to_float(std::uint16_t(bits)), value_of(bits, 5, 10));
+  CHECK(wrong_value == 0);
 #if defined(__FLT16_MAX__) && !defined(__CUDACC__)
   // Against the compiler's IEEE binary16 on random float bit patterns (every magnitude).
   std::mt19937 rng(20261123);
@@ -118,8 +139,15 @@ TEST_CASE("float16 converts from float rounding to nearest even, exactly back", 
     const _Float16 theirs = static_cast<_Float16>(x);
     std::uint16_t their_bits;
     std::memcpy(&their_bits, &theirs, sizeof their_bits);
-    if (float16(x).bits != their_bits) ++disagree;
+    if (C::to_bits(x) != their_bits) ++disagree;
   }
   CHECK(disagree == 0);
 #endif
+}
+
+}  // namespace
+
+TEST_CASE("float16 converts from float rounding to nearest even, exactly back", "[core][half]") {
+  SECTION("float16's own conversions (F16C on a host that has it)") { check_float16<Conversions<longattn::float16>>(); }
+  SECTION("the portable conversions") { check_float16<PortableFloat16>(); }
 }
