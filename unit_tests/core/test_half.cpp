@@ -54,7 +54,7 @@ void check_round_trip_and_ties(std::uint16_t largest_finite) {
 }
 
 // A 16-bit value from its definition, in double: sign, exponent field e (biased by `bias`),
-// mantissa field m of `mantissa_bits`; e all ones is infinity (m 0) or NaN, e 0 is m 2^(1-bias-p).
+// mantissa field m of `mantissa_bits`; e all ones is infinity (m 0) or NaN, e 0 is m 2^(1 - bias - mantissa_bits).
 double value_of(std::uint32_t bits, int exponent_bits, int mantissa_bits) {
   const int bias = (1 << (exponent_bits - 1)) - 1;
   const std::uint32_t m = bits & ((1u << mantissa_bits) - 1), e = (bits >> mantissa_bits) & ((1u << exponent_bits) - 1);
