@@ -322,15 +322,15 @@ Estimate estimate(const Plan& plan, const AttentionWork& work) {
     if (largest > 0) add_attention_buffer(largest, "gathered dilated K/V of a spanning segment and their fp32 gradients");
   }
   if (t > 1 && sp) add_buffer(4 * rows * h * element, 0, "sequence parallelism: gathered s b h and its staging, twice");
-  // The data-parallel reduction. longattn's buckets (ZeRO 0 and 1) hold a copy of every gradient
-  // in the reduction's type for the whole step; ZeRO 2 reduce-scatters them bucket by bucket from
-  // the head's gradients on (2 buckets of 25 MiB in flight while layers run, or all the
-  // gradients if fewer) and holds them all, with the 1/(dp x cp) piece received, as backward
-  // ends; ZeRO 3 streams 2 buckets of 25 MiB.
+  // The data-parallel reduction. longattn's buckets (ZeRO 0 and 1) reduce the fp32 gradients where
+  // they lie, and hold a copy of every one (for the whole step) only to reduce them in 16 bits;
+  // ZeRO 2 reduce-scatters them bucket by bucket from the head's gradients on (2 buckets of 25 MiB
+  // in flight while layers run, or all the gradients if fewer) and holds them all, with the
+  // 1/(dp x cp) piece received, as backward ends; ZeRO 3 streams 2 buckets of 25 MiB.
   const double reduce_bytes = training.fp32_gradient_reduce ? 4 : element;
-  if (n_dp > 1 && layout.zero_stage <= 1) {
+  if (n_dp > 1 && layout.zero_stage <= 1 && reduce_bytes < 4) {
     const double copy = e.parameters_per_gpu * reduce_bytes;
-    add_buffer(copy, copy, "a bucket copy of every gradient");
+    add_buffer(copy, copy, "a 16-bit bucket copy of every gradient");
   }
   if (n_dp > 1 && layout.zero_stage == 2) {
     const double all = e.parameters_per_gpu * reduce_bytes;

@@ -425,6 +425,7 @@ TrainResult train(const TrainConfig& config, const parallel::Communicator& world
                                              ? parallel::data_type_of<T>()
                                              : parallel::DataType::float32;
   std::unique_ptr<parallel::GradientBuckets<Exec>> buckets;
+  std::vector<int> stretch_ended_by(groups.size(), -1);  // the buckets' gradient each group completes
   std::unique_ptr<parallel::GradientReduceScatter<Exec>> scatter;
   if (zero == 2) {
     parallel::GradientReduceScatterOptions options;
@@ -437,7 +438,15 @@ TrainResult train(const TrainConfig& config, const parallel::Communicator& world
     options.op = parallel::ReduceOp::sum;
     options.reduce_type = reduce_type;
     buckets = std::make_unique<parallel::GradientBuckets<Exec>>(context, same_part, options);
-    for (const auto& g : groups) buckets->add(g.gradients, g.count);
+    // The model's kept gradients, stretch by stretch (the head's, each block's, the embeddings'),
+    // back to back in backward's order: reduced where they lie, nothing copied.
+    const auto stretches = model.gradient_stretches();
+    std::vector<std::size_t> counts;
+    for (std::size_t s = 0; s < stretches.size(); ++s) {
+      counts.push_back(stretches[s].count);
+      stretch_ended_by[std::size_t(stretches[s].first_group + stretches[s].groups - 1)] = int(s);
+    }
+    buckets->add_back_to_back(stretches.front().gradients, counts);
   }
   // The global gradient norm: pieces (ZeRO) summed over the ranks of a part, parts of split
   // tensors (tp) over the tensor-parallel group; whole tensors are alike on its ranks.
@@ -801,8 +810,10 @@ TrainResult train(const TrainConfig& config, const parallel::Communicator& world
           communication += seconds_since(wait);
         } else {
           const auto timed = phase(Phase::backward);
-          model.backward(buckets && last_micro ? std::function<void(int)>([&](int group) { buckets->ready(group); })
-                                               : std::function<void(int)>());
+          auto stretch_ready = [&](int group) {
+            if (const int s = stretch_ended_by[std::size_t(group)]; s >= 0) buckets->ready(s);
+          };
+          model.backward(buckets && last_micro ? std::function<void(int)>(stretch_ready) : std::function<void(int)>());
         }
       }
       const auto timed = phase(Phase::gradient_reduction);

@@ -11,17 +11,25 @@
 //
 // Small gradients would each pay an all-reduce's latency; a bucket holds consecutive ones in one
 // buffer of about `bucket_bytes` and reduces it with one nonblocking call, started as soon as
-// its last gradient is marked ready, while backward goes on with the layers before. Gradients
-// registered with add(data, count) live where the caller keeps them and are copied into their
-// bucket and back; gradients made with add<T>(count) live in the bucket itself (the model
-// uses the returned View as its gradient), so nothing is copied (PyTorch DDP's
-// gradient_as_bucket_view). A gradient larger than a bucket is reduced in place, alone. A bucket
-// holds one element type and one kind.
+// its last gradient is marked ready, while backward goes on with the layers before. How a bucket
+// holds its gradients (one element type and one way per bucket):
+// - packed: gradients registered with add(data, count) live where the caller keeps them and are
+//   copied into their bucket's buffer and back;
+// - stored: gradients made with add<T>(count) live in the bucket's buffer itself (the model uses
+//   the returned View as its gradient), so nothing is copied (PyTorch DDP's
+//   gradient_as_bucket_view);
+// - in place: gradients registered with add_back_to_back(data, counts) lie one after the other in
+//   the caller's memory; a bucket of consecutive ones is that stretch of memory, reduced where it
+//   lies, with no buffer. A gradient registered with add(data, count) that alone fills a bucket
+//   is reduced in place too.
+// Buckets are laid out from the registrations' sizes and order alone (never from where memory
+// happens to lie), so every rank lays them out alike.
 //
 // Precision: float gradients can travel in 16 bits (options.reduce_type bfloat16 or float16: half
 // the bytes): each bucket is rounded into a 16-bit copy, that copy is all-reduced (sums rounded
-// at each addition) and widened back into the float gradients. Kept gradients are rounded
-// straight into the copy, so such a bucket holds half the memory of a float one.
+// at each addition) and widened back into the float gradients. Packed ones are rounded straight
+// into the copy (no float buffer), so such a bucket holds half the memory of a float one; in
+// place, the copy is all the memory a bucket holds.
 //
 // Memory: gradients and buckets are in the memory of the context's space (ExecSpace, the host's
 // by default); copies run on its instance. Host memory reduces through MPI (nonblocking, tested
@@ -76,15 +84,33 @@ class GradientBuckets {
   // makes them final.
   template <class T>
   int add(T* data, std::size_t count) {
-    return add_gradient(data, count, data_type_of<T>(), false);
+    return add_gradient(data, count, data_type_of<T>(), Holding::packed, false);
   }
   // A gradient of `count` elements stored in its bucket: use the View as the gradient. Its index
   // is the next one (gradients() - 1 after the call).
   template <class T>
   Kokkos::View<T*, memory_space, Kokkos::MemoryUnmanaged> add(std::size_t count) {
-    const int index = add_gradient(nullptr, count, data_type_of<T>(), true);
+    const int index = add_gradient(nullptr, count, data_type_of<T>(), Holding::stored, false);
     return Kokkos::View<T*, memory_space, Kokkos::MemoryUnmanaged>(
         static_cast<T*>(gradients_[std::size_t(index)].data), count);
+  }
+  // Registers consecutive gradients that lie back to back from `data`: counts[0] elements, then
+  // counts[1], ... (in the space's memory, kept by the caller), in the order backward makes them
+  // final; returns the first one's index. Their buckets are reduced where they lie; a bucket
+  // never joins them with gradients of another registration.
+  template <class T>
+  int add_back_to_back(T* data, const std::vector<std::size_t>& counts) {
+    comm_.guarded(add_where_, [&] {  // all checked first: a refused registration adds nothing
+      require(!counts.empty(), add_where_, "counts", "empty", "the sizes of one or more gradients");
+      for (std::size_t i = 0; i < counts.size(); ++i)
+        require(counts[i] >= 1, add_where_, "counts[" + std::to_string(i) + "]", counts[i], "at least one element");
+    });
+    const int first = int(gradients_.size());
+    for (std::size_t i = 0; i < counts.size(); ++i) {
+      add_gradient(data, counts[i], data_type_of<T>(), Holding::in_place, i > 0);
+      data += counts[i];
+    }
+    return first;
   }
   template <class View>
   int add(const View& gradient) {
@@ -125,7 +151,7 @@ class GradientBuckets {
     for (Bucket& bucket : buckets_) {
       bucket.request.wait();
       if (bucket.narrowed()) narrow_or_widen(bucket, false);
-      else if (bucket.packs_kept())
+      else if (bucket.holding == Holding::packed)
         for (const int m : bucket.members) {
           const Gradient& g = gradients_[std::size_t(m)];
           Kokkos::deep_copy(context_.exec(), bytes(g.data, g.count * size_of(g.type)),
@@ -165,13 +191,14 @@ class GradientBuckets {
     int bucket = -1;
     std::size_t offset = 0;  // elements, in the bucket's buffer
   };
+  enum class Holding { packed, stored, in_place };  // see the top of this file
   struct Bucket {
     std::vector<int> members;
     std::size_t count = 0;  // elements
     DataType type = DataType::float32;
-    bool stores_gradients = false;  // members live in `buffer` (made with add<T>(count))
-    bool alone = false;             // one gradient of bucket_bytes or more
-    int pending = 0;                // members not yet ready this step
+    Holding holding = Holding::packed;
+    int pending = 0;  // members not yet ready this step
+    // Packed and stored buckets' values.
     memory::PooledView<Kokkos::View<unsigned char*, memory_space>> buffer;
     // The 16-bit copy it is reduced in (options.reduce_type), for float32 buckets.
     memory::PooledView<Kokkos::View<unsigned char*, memory_space>> narrow;
@@ -179,40 +206,42 @@ class GradientBuckets {
     Request request;
     bool started = false;
     bool narrowed() const { return reduced_as != type; }
-    bool packs_kept() const { return !stores_gradients && !alone; }  // kept gradients, copied in
   };
 
-  // Buckets are laid out as gradients come: consecutive gradients of one type and one kind fill a
-  // bucket up to bucket_bytes; a gradient that alone reaches bucket_bytes is a bucket of its own.
-  // Buckets that store their gradients get their buffer when they open (their gradients' Views
-  // must exist from the start), at bucket_bytes, or the gradient's size when alone.
-  int add_gradient(void* data, std::size_t count, DataType type, bool stored) {
+  // Buckets are laid out as gradients come: consecutive gradients of one type, held one way, fill
+  // a bucket up to bucket_bytes (in place: only those of one add_back_to_back, where `follows`
+  // says the gradient comes right after the one before); a gradient that alone reaches
+  // bucket_bytes is a bucket of its own. Buckets that store their gradients get their buffer when
+  // they open (their gradients' Views must exist from the start), at bucket_bytes, or the
+  // gradient's size when alone.
+  int add_gradient(void* data, std::size_t count, DataType type, Holding holding, bool follows) {
     const char* where = add_where_;
     comm_.guarded(where, [&] {
       require(!frozen_, where, "this", "a set of buckets already in use",
               "every gradient added before the first ready() or wait()");
       require(count >= 1, where, "count", count, "at least one element");
-      require(stored || data != nullptr, where, "data", "nullptr",
+      require(holding == Holding::stored || data != nullptr, where, "data", "nullptr",
               "a gradient of " + std::to_string(count) + " elements");
       require(options_.op != ReduceOp::average || type == DataType::float32 || type == DataType::float64, where,
               "type", to_string(type), "float or double to average");
     });
     const std::size_t size = count * size_of(type);
     const bool alone = size >= options_.bucket_bytes;
-    if (alone || !open_ || buckets_.back().type != type || buckets_.back().stores_gradients != stored ||
-        open_bytes_ + size > options_.bucket_bytes) {
+    if (alone && holding == Holding::packed) holding = Holding::in_place;
+    const bool joins = open_ && !alone && buckets_.back().type == type && buckets_.back().holding == holding &&
+                       (holding != Holding::in_place || follows) && open_bytes_ + size <= options_.bucket_bytes;
+    if (!joins) {
       buckets_.emplace_back();
       Bucket& opened = buckets_.back();
       opened.type = type;
-      opened.stores_gradients = stored;
-      opened.alone = alone;
-      if (stored) opened.buffer = make_buffer(alone ? size : options_.bucket_bytes);
+      opened.holding = holding;
+      if (holding == Holding::stored) opened.buffer = make_buffer(alone ? size : options_.bucket_bytes);
       open_ = !alone;
       open_bytes_ = 0;
     }
     Bucket& bucket = buckets_.back();
     Gradient g{data, count, type, int(buckets_.size()) - 1, bucket.count};
-    if (stored) g.data = bucket.buffer.data() + g.offset * size_of(type);
+    if (holding == Holding::stored) g.data = bucket.buffer.data() + g.offset * size_of(type);
     bucket.count += count;
     bucket.members.push_back(int(gradients_.size()));
     open_bytes_ += size;
@@ -225,13 +254,13 @@ class GradientBuckets {
     return memory::PooledView<Kokkos::View<unsigned char*, memory_space>>(context_.pool(), size);
   }
 
-  // The first step begins: the buckets of kept gradients get the buffer they are packed into
-  // (a kept gradient alone is reduced where it is).
+  // The first step begins: packed buckets get the buffer they are packed into, buckets reduced
+  // in 16 bits their copy.
   void freeze() {
     for (Bucket& bucket : buckets_) {
       bucket.reduced_as = bucket.type == DataType::float32 ? options_.reduce_type : bucket.type;
       if (bucket.narrowed()) bucket.narrow = make_buffer(bucket.count * size_of(bucket.reduced_as));
-      else if (bucket.packs_kept()) bucket.buffer = make_buffer(bucket.count * size_of(bucket.type));
+      else if (bucket.holding == Holding::packed) bucket.buffer = make_buffer(bucket.count * size_of(bucket.type));
       bucket.pending = int(bucket.members.size());
     }
     ready_.assign(gradients_.size(), false);
@@ -239,8 +268,8 @@ class GradientBuckets {
     frozen_ = true;
   }
 
-  // Packs a bucket of kept gradients (or rounds a bucket into its 16-bit copy; nothing to do for
-  // the others) and starts its reduction:
+  // Packs a packed bucket (or rounds a bucket into its 16-bit copy; nothing to do for the
+  // others) and starts its reduction:
   // nonblocking when it can overlap the rest of backward; on host memory blocking when wait()
   // gets to it, as there is nothing left to overlap and MPI's blocking collectives are faster.
   void start(Bucket& bucket, bool blocking) {
@@ -248,7 +277,7 @@ class GradientBuckets {
     const std::size_t element = size_of(bucket.type);
     if (bucket.narrowed()) {
       narrow_or_widen(bucket, true);
-    } else if (bucket.packs_kept()) {
+    } else if (bucket.holding == Holding::packed) {
       for (const int m : bucket.members) {
         const Gradient& g = gradients_[std::size_t(m)];
         Kokkos::deep_copy(exec, bytes(bucket.buffer.data() + g.offset * element, g.count * element),
@@ -268,13 +297,13 @@ class GradientBuckets {
     bucket.started = true;
   }
 
-  // Where a bucket's values are: its buffer, or a kept gradient reduced alone where it is.
+  // Where a bucket's values are: its buffer, or in place from where its first gradient begins.
   void* values(const Bucket& bucket) const {
-    return bucket.alone && !bucket.stores_gradients ? gradients_[std::size_t(bucket.members.front())].data
-                                                    : static_cast<void*>(bucket.buffer.data());
+    return bucket.holding == Holding::in_place ? gradients_[std::size_t(bucket.members.front())].data
+                                               : static_cast<void*>(bucket.buffer.data());
   }
 
-  // A float32 bucket's values into its 16-bit copy (before the reduction) or back (after): kept
+  // A float32 bucket's values into its 16-bit copy (before the reduction) or back (after): packed
   // gradients straight from and into their own memory (such a bucket has no float buffer), the
   // others from and into the bucket's values.
   void narrow_or_widen(const Bucket& bucket, bool narrow) const {
@@ -283,7 +312,7 @@ class GradientBuckets {
         if (narrow) longattn::convert(context_.exec(), static_cast<const float*>(wide), half + offset, count);
         else longattn::convert(context_.exec(), half + offset, static_cast<float*>(wide), count);
       };
-      if (!bucket.packs_kept()) return one(values(bucket), 0, bucket.count);
+      if (bucket.holding != Holding::packed) return one(values(bucket), 0, bucket.count);
       for (const int m : bucket.members) {
         const Gradient& g = gradients_[std::size_t(m)];
         one(g.data, g.offset, g.count);

@@ -17,8 +17,10 @@
 // Parameters are groups (ParameterGroup: values, gradients, count), listed in the order
 // backward() makes their gradients final (head first, embeddings last), which is the order a
 // data-parallel all-reduce wants them; backward() calls `ready(index)` as each becomes final.
-// Gradient memory (GradientMemory): `kept` holds every gradient from construction on, and
-// backward() adds into it (micro-batches accumulate until zero_gradients()). `per_block` holds a
+// Gradient memory (GradientMemory): `kept` holds every gradient from construction on, in one
+// buffer, and backward() adds into it (micro-batches accumulate until zero_gradients()); the
+// stretches of it described below lie back to back there in backward's order, so a data-parallel
+// reduction can take them where they are (gradient_stretches()). `per_block` holds a
 // stretch of gradients - the head's, one block's (its own and its attention's), the embeddings' -
 // only while backward makes it: taken from the pool and zeroed when backward reaches it, given
 // back after ready() has been called for each of its groups, so each backward's gradients exist
@@ -130,6 +132,7 @@ class Transformer {
   using Weights = Kokkos::View<T**, Kokkos::LayoutRight, memory_space>;      // [B, n]
   using Positions = Kokkos::View<int*, memory_space>;                        // [n]
   using Attention = MultiheadAttention<ExecSpace, T>;
+  using Accumulate = accumulate_t<T>;  // gradients' type
   using Context = ExecutionContext<ExecSpace>;
   using Features = FeatureGroup<ExecSpace>;
 
@@ -189,11 +192,25 @@ class Transformer {
     }
     initialize(seeds());
     // Stretches in backward's order; every one holds memory while the groups are listed.
-    stretches_.push_back({head_.ln, own_head, nullptr, 0, 0, {}});
+    stretches_.push_back({head_.ln, own_head, nullptr, 0, 0, nullptr, {}});
     for (int l = config.layers - 1; l >= 0; --l)
-      stretches_.push_back({blocks_[l].ln1, own_block, blocks_[l].attention.get(), 0, 0, {}});
-    stretches_.push_back({embedding_.tokens, own_embedding, nullptr, 0, 0, {}});
-    for (std::size_t s = 0; s < stretches_.size(); ++s) acquire_gradients(s);
+      stretches_.push_back({blocks_[l].ln1, own_block, blocks_[l].attention.get(), 0, 0, nullptr, {}});
+    stretches_.push_back({embedding_.tokens, own_embedding, nullptr, 0, 0, nullptr, {}});
+    if (gradient_memory_ == GradientMemory::kept) {
+      std::size_t total = 0;
+      for (const GradientStretch& s : stretches_) total += s.count();
+      const memory::CategoryScope scope(memory::Category::gradients);
+      kept_gradients_ = context_.template allocate<GradientFlat>(total);
+      Kokkos::deep_copy(context_.exec(), kept_gradients_.view(), Accumulate(0));
+      Accumulate* next = kept_gradients_.data();
+      for (GradientStretch& s : stretches_) {
+        s.gradients = next;
+        next += s.count();
+        lend_gradients(s);
+      }
+    } else {
+      for (std::size_t s = 0; s < stretches_.size(); ++s) acquire_gradients(s);
+    }
     list_groups();
     if (gradient_memory_ == GradientMemory::per_block)
       for (std::size_t s = 0; s < stretches_.size(); ++s) release_gradients(s);
@@ -225,8 +242,22 @@ class Transformer {
   bool sequence_parallel() const { return sequence_parallel_; }
   // Kept gradients: all to zero. Per-block gradients start at zero in every backward: nothing to do.
   void zero_gradients() {
-    if (gradient_memory_ == GradientMemory::kept)
-      for (GradientStretch& stretch : stretches_) Kokkos::deep_copy(context_.exec(), stretch.memory.view(), Accumulate(0));
+    if (gradient_memory_ == GradientMemory::kept) Kokkos::deep_copy(context_.exec(), kept_gradients_.view(), Accumulate(0));
+  }
+
+  // A stretch of gradient memory: groups [first_group, first_group + groups) of
+  // parameter_groups(), backward's order, in `count` elements from `gradients` (in an order of
+  // their own). Kept gradients: the stretches lie back to back from the first one's `gradients`,
+  // each final once its last group is; per-block: `gradients` is null between backward passes.
+  struct GradientStretchSpan {
+    Accumulate* gradients;
+    std::size_t count;
+    int first_group, groups;
+  };
+  std::vector<GradientStretchSpan> gradient_stretches() const {
+    std::vector<GradientStretchSpan> spans;
+    for (const GradientStretch& s : stretches_) spans.push_back({s.gradients, s.count(), s.first_group, s.groups});
+    return spans;
   }
 
   // This rank's loss contribution; keeps what backward() needs. backward()'s gradients are
@@ -248,7 +279,6 @@ class Transformer {
   double flops_per_step(std::int64_t sequences) const;
 
  private:
-  using Accumulate = accumulate_t<T>;
   using Flat = Kokkos::View<T*, memory_space>;
   using GradientFlat = Kokkos::View<Accumulate*, memory_space>;
   template <class Value>
@@ -282,10 +312,14 @@ class Transformer {
     std::size_t own_begin, own_count;
     Attention* attention;
     int first_group = 0, groups = 0;  // in groups_
-    memory::PooledView<GradientFlat> memory;
+    Accumulate* gradients = nullptr;  // while held: in kept_gradients_, or `per_block`
+    memory::PooledView<GradientFlat> per_block;
+    std::size_t count() const { return own_count + (attention ? attention->parameter_count() : 0); }
   };
   void acquire_gradients(std::size_t stretch);  // zeroed; the groups' pointers into it
   void release_gradients(std::size_t stretch);  // per-block memory only
+  // The stretch's attention and (once listed) its groups take their gradients in its memory.
+  void lend_gradients(const GradientStretch& stretch);
   // Where an own parameter's gradient is: in the stretch holding its offset.
   Accumulate* own_gradient(std::size_t offset) const;
 
@@ -356,6 +390,7 @@ class Transformer {
   GradientMemory gradient_memory_;
   bool sequence_parallel_;
   memory::PooledView<Flat> values_;
+  memory::PooledView<GradientFlat> kept_gradients_;  // every stretch, back to back (kept memory)
   std::vector<GradientStretch> stretches_;  // backward's order: head, blocks L-1 .. 0, embeddings
   std::vector<std::size_t> group_offsets_;  // each group's gradients in its stretch's memory
   Head head_;

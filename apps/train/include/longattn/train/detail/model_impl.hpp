@@ -193,7 +193,7 @@ void Transformer<ExecSpace, T>::list_groups() {
   auto add = [&](const std::string& name, T* values, Accumulate* gradients, const FeatureSplit& split, bool decay,
                  bool sequence_partial) {
     if (stretches_[stretch].groups++ == 0) stretches_[stretch].first_group = int(groups_.size());
-    group_offsets_.push_back(std::size_t(gradients - stretches_[stretch].memory.data()));
+    group_offsets_.push_back(std::size_t(gradients - stretches_[stretch].gradients));
     groups_.push_back({name, values, gradients, split.part_count(parts_), decay, split, sequence_partial});
   };
   // Own tensors: whole ones outside the sublayers see only this rank's tokens under sequence
@@ -239,23 +239,29 @@ void Transformer<ExecSpace, T>::list_groups() {
 template <class ExecSpace, class T>
 void Transformer<ExecSpace, T>::acquire_gradients(std::size_t s) {
   GradientStretch& stretch = stretches_[s];
-  if (stretch.memory.data() != nullptr) return;  // kept
-  const std::size_t module = stretch.attention ? stretch.attention->parameter_count() : 0;
+  if (stretch.gradients != nullptr) return;  // held (kept memory: from construction on)
   const memory::CategoryScope scope(memory::Category::gradients);
-  stretch.memory = context_.template allocate<GradientFlat>(stretch.own_count + module);
-  Kokkos::deep_copy(context_.exec(), stretch.memory.view(), Accumulate(0));
+  stretch.per_block = context_.template allocate<GradientFlat>(stretch.count());
+  Kokkos::deep_copy(context_.exec(), stretch.per_block.view(), Accumulate(0));
+  stretch.gradients = stretch.per_block.data();
+  lend_gradients(stretch);
+}
+
+template <class ExecSpace, class T>
+void Transformer<ExecSpace, T>::lend_gradients(const GradientStretch& stretch) {
   if (stretch.attention)
-    stretch.attention->use_gradients(
-        typename Attention::GradientFlat(stretch.memory.data() + stretch.own_count, module));
+    stretch.attention->use_gradients(typename Attention::GradientFlat(stretch.gradients + stretch.own_count,
+                                                                      stretch.attention->parameter_count()));
   for (int i = stretch.first_group; i < stretch.first_group + stretch.groups; ++i)
-    groups_[std::size_t(i)].gradients = stretch.memory.data() + group_offsets_[std::size_t(i)];
+    groups_[std::size_t(i)].gradients = stretch.gradients + group_offsets_[std::size_t(i)];
 }
 
 template <class ExecSpace, class T>
 void Transformer<ExecSpace, T>::release_gradients(std::size_t s) {
   if (gradient_memory_ == GradientMemory::kept) return;
   GradientStretch& stretch = stretches_[s];
-  stretch.memory = {};
+  stretch.per_block = {};
+  stretch.gradients = nullptr;
   for (int i = stretch.first_group; i < stretch.first_group + stretch.groups; ++i) groups_[std::size_t(i)].gradients = nullptr;
 }
 
@@ -263,7 +269,7 @@ template <class ExecSpace, class T>
 typename Transformer<ExecSpace, T>::Accumulate* Transformer<ExecSpace, T>::own_gradient(std::size_t offset) const {
   for (const GradientStretch& stretch : stretches_)
     if (offset >= stretch.own_begin && offset < stretch.own_begin + stretch.own_count)
-      return stretch.memory.data() + (offset - stretch.own_begin);
+      return stretch.gradients + (offset - stretch.own_begin);
   return nullptr;  // not reached: the stretches cover the own parameters
 }
 
