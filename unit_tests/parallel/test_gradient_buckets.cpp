@@ -9,6 +9,7 @@
 #include <catch2/catch.hpp>
 
 #include <cstdint>
+#include <numeric>
 #include <vector>
 
 #include "longattn/error.hpp"
@@ -29,8 +30,7 @@ using longattn::test::throwing_options;
 }  // namespace
 
 TEST_CASE("bucketed gradients are averaged over the ranks, buckets starting during backward", "[parallel][buckets]") {
-  std::uint64_t seed = longattn::test::test_seed();
-  MPI_Bcast(&seed, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
+  const std::uint64_t seed = longattn::test::shared_seed();
   INFO("seed " << seed);
   for (const int per_node : {0, 2}) {
     for (const bool hierarchical : {false, true}) {
@@ -96,8 +96,7 @@ TEST_CASE("bucketed gradients are averaged over the ranks, buckets starting duri
 
 TEST_CASE("gradients stored in their buckets are reduced where they are, kept ones beside them",
           "[parallel][buckets]") {
-  std::uint64_t seed = longattn::test::test_seed();
-  MPI_Bcast(&seed, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
+  const std::uint64_t seed = longattn::test::shared_seed();
   INFO("seed " << seed);
   const Communicator comm = Communicator::world(throwing_options(2));
   GradientBucketOptions options;
@@ -146,8 +145,7 @@ TEST_CASE("gradients stored in their buckets are reduced where they are, kept on
 
 TEST_CASE("gradients back to back in the caller's memory are reduced where they lie, with no buffer",
           "[parallel][buckets]") {
-  std::uint64_t seed = longattn::test::test_seed();
-  MPI_Bcast(&seed, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
+  const std::uint64_t seed = longattn::test::shared_seed();
   INFO("seed " << seed);
   const Communicator comm = Communicator::world(throwing_options(2));
   GradientBucketOptions options;
@@ -157,10 +155,8 @@ TEST_CASE("gradients back to back in the caller's memory are reduced where they 
   std::vector<std::size_t> first_counts, second_counts;
   for (int g = 0; g < 20; ++g) first_counts.push_back(g == 7 ? 1500 : std::size_t(5 + 29 * g));  // 1500: alone
   for (int g = 0; g < 5; ++g) second_counts.push_back(std::size_t(3 + 11 * g));
-  std::size_t first_total = 0, total = 0;
-  for (const std::size_t c : first_counts) first_total += c;
-  total = first_total;
-  for (const std::size_t c : second_counts) total += c;
+  const std::size_t first_total = std::accumulate(first_counts.begin(), first_counts.end(), std::size_t(0));
+  const std::size_t total = std::accumulate(second_counts.begin(), second_counts.end(), first_total);
   std::vector<float> flat(total);
   std::vector<float> packed(123);
   GradientBuckets buckets(comm, options);
@@ -272,8 +268,7 @@ TEMPLATE_LIST_TEST_CASE("gradients in the memory of an execution space are summe
 TEMPLATE_TEST_CASE("float gradients reduced in 16 bits come back as the 16-bit average", "[parallel][buckets][half]",
                    longattn::bfloat16, longattn::float16) {
   using Half = TestType;
-  std::uint64_t seed = longattn::test::test_seed();
-  MPI_Bcast(&seed, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
+  const std::uint64_t seed = longattn::test::shared_seed();
   INFO("seed " << seed);
   for (const bool hierarchical : {false, true}) {
     INFO("hierarchical " << hierarchical);
@@ -339,7 +334,8 @@ TEST_CASE("GradientBuckets refuses bad input", "[parallel][buckets][errors]") {
   CHECK_THROWS_WITH(buckets.add(g.data(), 0), Catch::Contains("argument 'count' is 0, expected at least one element"));
   CHECK_THROWS_WITH(buckets.add(ints.data(), ints.size()), Catch::Contains("argument 'type' is int32"));
   CHECK_THROWS_WITH(buckets.add_back_to_back(g.data(), {}), Catch::Contains("argument 'counts' is empty"));
-  CHECK_THROWS_WITH(buckets.add_back_to_back(g.data(), {4, 0, 6}), Catch::Contains("argument 'counts[1]' is 0, expected at least one element"));
+  CHECK_THROWS_WITH(buckets.add_back_to_back(g.data(), {4, 0, 6}),
+                    Catch::Contains("argument 'counts[1]' is 0, expected at least one element"));
   buckets.add(g.data(), g.size());
   buckets.ready(0);
   CHECK_THROWS_WITH(buckets.ready(0), Catch::Contains("argument 'index' is 0, expected a gradient not yet ready"));
