@@ -7,10 +7,12 @@
    and forward+backward (autograd to q, k, v). Seconds per step, best of --repeat alternations.
 2. The binding's overhead: longattn.attention_forward on numpy arrays against the C++ benchmark
    BM_DilatedForward of the same shape and spec (head_groups, not causal), alternating; the
-   overhead is Python over C++ less 1. On a shared machine that ratio drifts by more than the
-   overhead, so the fixed cost of a call is measured too: a whole call (arguments, outputs
-   allocated, the hand-over to the kernel thread and back) on a 1-token, 1-head problem, an upper
-   bound of what the binding adds to any call; its share of the C++ time is the bound printed.
+   overhead is Python over C++ less 1. Two processes differ by more than the overhead on a
+   shared machine, so it is also measured in one: the Python call (outputs allocated, the
+   hand-over to the kernel thread and back) against the same call repeated in a C++ loop on
+   the kernel thread (longattn._core.forward_seconds), alternating; and the fixed cost of a
+   whole call on a 1-token, 1-head problem, an upper bound of what the binding adds to any call
+   beyond its outputs' allocation; its share of the C++ time is the bound printed.
 
 The seed library is never committed: pass a checkout of DarcStar-Solutions-Tech/dilated-
 attention-pytorch with --seed. Run through perf_tests/with_torch.sh, which provides torch,
@@ -38,6 +40,20 @@ def binding_seconds(longattn, tokens):
     q, k, v = ((rng.random((1, tokens, 8, 64)) * 2 - 1).astype(np.float32) for _ in range(3))
     spec = longattn.dilated(SEGMENTS, RATES, mode="head_groups")
     return seconds_per_step(lambda: longattn.attention_forward(q, k, v, attention=spec))
+
+
+def in_process_seconds(longattn, tokens, repeat):
+    """(Python call, the same call in a C++ loop), seconds each, best of `repeat` alternations."""
+    rng = np.random.default_rng(2026)
+    q, k, v = ((rng.random((1, tokens, 8, 64)) * 2 - 1).astype(np.float32) for _ in range(3))
+    spec = longattn.dilated(SEGMENTS, RATES, mode="head_groups")
+    o, lse = longattn.attention_forward(q, k, v, attention=spec)
+    calls = max(1, round(0.5 / seconds_per_step(lambda: longattn.attention_forward(q, k, v, attention=spec))))
+    python = native = float("inf")
+    for _ in range(repeat):
+        python = min(python, seconds_per_step(lambda: longattn.attention_forward(q, k, v, attention=spec)))
+        native = min(native, longattn._core.forward_seconds(q, k, v, o, lse, spec, False, calls))
+    return python, native
 
 
 def call_seconds(longattn):
@@ -99,10 +115,15 @@ def main():
         for _ in range(args.repeat):
             python = min(python, binding_seconds(longattn, tokens))
             native = min(native, longattn_seconds(args.bench, "forward", tokens, args.threads))  # head_groups
+        same_python, same_native = in_process_seconds(longattn, tokens, args.repeat)
         overhead.append(dict(tokens=tokens, python_seconds=python, cpp_seconds=native,
-                             overhead=python / native - 1, fixed_call_seconds=fixed, fixed_share=fixed / native))
+                             overhead=python / native - 1, fixed_call_seconds=fixed, fixed_share=fixed / native,
+                             in_process_python_seconds=same_python, in_process_cpp_seconds=same_native,
+                             in_process_overhead=same_python / same_native - 1))
         print(f"{'':<17} {tokens:>7} {python:>11.4f} {native:>9.4f} {100 * (python / native - 1):>15.1f}% "
               f"{100 * fixed / native:>11.3f}%", flush=True)
+        print(f"{'  one process':<17} {tokens:>7} {same_python:>11.4f} {same_native:>9.4f} "
+              f"{100 * (same_python / same_native - 1):>15.1f}%", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(torch=torch.__version__, threads=args.threads, largest_difference=difference,

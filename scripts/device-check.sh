@@ -5,7 +5,9 @@
 #       sm_90, NCCL, warnings as errors) into build/device, and packs the test and benchmark
 #       programs with the shared libraries a GPU machine's image may lack (Kokkos, longattn,
 #       Open MPI with its components, hwloc, OpenBLAS, ...; not the driver, cuBLAS or NCCL, which
-#       it has) into one archive, default build/device-bundle.tar.xz (carry it with the call)
+#       it has) into one archive, default build/device-bundle.tar.xz (carry it with the call); with
+#       them the Python package's CUDA module, built for the GPU machine's Python 3.12
+#       ($LONGATTN_DEVICE_PYTHON, default python3.12 on PATH or pyenv's 3.12; nanobind from PyPI)
 #   scripts/device-check.sh run [bundle.tar.xz] [kernels|tests|all]   on the GPU machine; writes
 #       under $OUT (default build/device-out) summary.txt and device-check.tar.gz, which holds
 #       gpu.txt, resources.txt, *.log, *.xml (JUnit), sdpa.json, ceilings.json, train_*.json and
@@ -23,7 +25,8 @@
 #      causal or not, forward and forward + backward, 16 heads), with the default programs and with
 #      the warpgroup ones (wgmma; sdpa_warpgroup.json)
 #   4. every other test on Kokkos::Cuda: core's cases, memory, and at one MPI rank parallel and
-#      train; and under cuda-gdb the emulated case that crashes on Kokkos::Serial in this build
+#      train; the Python package's tests on torch CUDA tensors (python/tests); and under cuda-gdb
+#      the emulated case that crashes on Kokkos::Serial in this build
 #   5. several ranks on the one GPU: NCCL refuses ranks that share a GPU, so the communicator
 #      chooses the staged transport (MPI on host copies); parallel at 2 and 4 ranks, train at 2
 #      and the ZeRO / tp cases at 4; longattn-train at cp 2 and at dp 2 with ZeRO 2 (JSON: the
@@ -42,16 +45,41 @@ steps=${3:-all}
 programs=(longattn_core_tests longattn_memory_tests longattn_parallel_tests longattn_train_tests
           longattn_bench_attention longattn-train)
 
+# The interpreter the Python module is built for: the GPU machine's is Python 3.12.
+device_python() {
+  local python
+  for python in ${LONGATTN_DEVICE_PYTHON:-python3.12 "${PYENV_ROOT:-$HOME/.pyenv}"/versions/3.12*/bin/python3.12}; do
+    if "$python" -c 'import sys; assert sys.version_info[:2] == (3, 12)' > /dev/null 2>&1; then
+      echo "$python"
+      return 0
+    fi
+  done
+  return 1
+}
+
 prepare() {
   set -e
-  local build=$root/build/device staging
-  LONGATTN_CUDA=1 LONGATTN_TARGETS="${programs[*]}" "$root/scripts/build.sh" "$build" \
-    -DLONGATTN_WARNINGS_AS_ERRORS=ON -DLONGATTN_ENABLE_NCCL=ON
+  local build=$root/build/device staging python venv=$root/build/device-python-venv python_flags=() targets=("${programs[@]}")
+  if python=$(device_python); then
+    [ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
+    "$venv/bin/python" -c "import nanobind" 2> /dev/null || "$venv/bin/pip" install --quiet nanobind
+    python_flags=(-DLONGATTN_ENABLE_PYTHON=ON "-DPython_EXECUTABLE=$venv/bin/python")
+    targets+=(longattn_python)
+  else
+    echo "device-check: no Python 3.12 here (LONGATTN_DEVICE_PYTHON): the bundle has no Python module," \
+         "and the python_cuda step will fail" >&2
+  fi
+  LONGATTN_CUDA=1 LONGATTN_TARGETS="${targets[*]}" "$root/scripts/build.sh" "$build" \
+    -DLONGATTN_WARNINGS_AS_ERRORS=ON -DLONGATTN_ENABLE_NCCL=ON "${python_flags[@]}"
   staging=$(mktemp -d)
   mkdir -p "$staging/bin" "$staging/lib"
   cp "$build/unit_tests/longattn_core_tests" "$build/unit_tests/longattn_memory_tests" \
      "$build/unit_tests/longattn_parallel_tests" "$build/unit_tests/longattn_train_tests" \
      "$build/perf_tests/longattn_bench_attention" "$build/apps/train/longattn-train" "$staging/bin/"
+  if [ ${#python_flags[@]} -gt 0 ]; then  # the package as pip would install it: python/longattn/
+    mkdir -p "$staging/python/longattn"
+    cp "$root"/python/longattn/*.py "$build"/python/_core.*.so "$staging/python/longattn/"
+  fi
   # Open MPI: a singleton MPI_Init starts orted, which loads components from its library folder.
   local ompi=/usr/lib/x86_64-linux-gnu/openmpi
   cp -a "$ompi" "$staging/openmpi"
@@ -62,7 +90,9 @@ prepare() {
   # Every library the programs and Open MPI's components load, but those of the C library, the
   # driver and the CUDA libraries the GPU machine's image has.
   local skip='^(libc|libm|libdl|libpthread|librt|ld-linux-x86-64|libcuda|libcublas|libcublasLt|libnccl|libnvidia-.*)\.so'
-  { for f in "$staging"/bin/* "$staging"/openmpi/bin/orted "$staging"/openmpi/lib/openmpi3/*.so; do ldd "$f"; done; } |
+  { for f in "$staging"/bin/* "$staging"/python/longattn/*.so "$staging"/openmpi/bin/orted "$staging"/openmpi/lib/openmpi3/*.so; do
+      [ -e "$f" ] && ldd "$f"
+    done; } |
     awk '$2 == "=>" && $3 ~ /^\// {print $3}' | sort -u | while read -r lib; do
       if [[ ! $(basename "$lib") =~ $skip ]]; then cp -L "$lib" "$staging/lib/"; fi
     done
@@ -173,6 +203,9 @@ EOF
     step memory 30 "$bin/longattn_memory_tests" -r junit -o "$out/memory.xml"
     step parallel_np1 45 "$bin/longattn_parallel_tests" --warn NoTests "* - 1" -r junit -o "$out/parallel_np1.xml"
     step train_np1 60 "$bin/longattn_train_tests" -r junit -o "$out/train_np1.xml"
+    # The Python package on torch CUDA tensors (its numpy tests say SKIP in a CUDA build).
+    step python_cuda 90 env PYTHONPATH="$here/python" python3 -m pytest -rs -q -p no:cacheprovider \
+      --junitxml "$out/python_cuda.xml" "$root/python/tests"
   fi
 
   # 5. Several ranks on the one GPU, through the staged transport (chosen: the ranks share it).

@@ -13,6 +13,10 @@ backward needs. The GIL is released while kernels run. `longattn.torch` has auto
 and nn.Modules (drop-ins for dilated-attention-pytorch's DilatedAttention and
 MultiheadDilatedAttention).
 
+In a CUDA build the tensors are torch CUDA tensors on the GPU Kokkos runs on (memory_device()
+says which memory a build reads): a call first waits for the work queued on each input's current
+torch stream, and returns when its kernels have finished, so its outputs are ready on any stream.
+
 Kokkos starts on the first call (or `initialize(threads=...)`) and stops at interpreter exit.
 Bad arguments raise `longattn.Error` (a ValueError) naming the argument, its value and what was
 expected.
@@ -23,7 +27,7 @@ from . import _core
 from ._core import AttentionSpec, Error
 
 __all__ = ["AttentionSpec", "Error", "attention_backward", "attention_forward", "block_size", "dilated",
-           "execution_space", "initialize"]
+           "execution_space", "initialize", "memory_device"]
 
 atexit.register(_core.finalize)
 
@@ -37,6 +41,12 @@ def initialize(threads=None):
 def execution_space():
     """The Kokkos execution space the kernels run on ("OpenMP", "Cuda", ...)."""
     return _core.execution_space()
+
+
+def memory_device():
+    """The memory this build's kernels read and write: "cpu" (numpy arrays, torch CPU tensors) or
+    "cuda" (torch CUDA tensors)."""
+    return _core.memory_device()
 
 
 def dilated(segment_lengths, dilation_rates, mode="longnet"):
@@ -67,6 +77,7 @@ def attention_forward(q, k, v, *, attention="dense", causal=False, softmax_scale
     blocks, key blocks] in blocks of block_size(q) tokens."""
     q, k, v = _readable(q), _readable(k), _readable(v)
     batch, queries, heads, _ = _shape("longattn.attention_forward", "q", q)
+    _wait_for_producers(q, k, v)
     o = _empty(q, q.shape, q.dtype)
     lse = _empty(q, (batch, heads, queries), _accumulation_type(q))
     _core.forward(q, k, v, o, lse, _spec(attention), bool(causal), softmax_scale, int(query_offset),
@@ -82,6 +93,7 @@ def attention_backward(q, k, v, o, lse, d_o, *, attention="dense", causal=False,
     for name, x in (("q", q), ("k", k), ("v", v)):
         _shape("longattn.attention_backward", name, x)
     dq, dk, dv = (_empty(x, x.shape, x.dtype) for x in (q, k, v))
+    _wait_for_producers(q, k, v, o, lse, d_o)
     _core.backward(q, k, v, o, d_o, lse, dq, dk, dv, _spec(attention), bool(causal), softmax_scale,
                    int(query_offset), int(key_offset), _mask(block_mask))
     return dq, dk, dv
@@ -96,6 +108,17 @@ def _is_torch(x):
 def _readable(x):
     # torch refuses to export a tensor that requires grad; detach() is a view, not a copy.
     return x.detach() if _is_torch(x) else x
+
+
+def _wait_for_producers(*tensors):
+    """Waits for the work queued on the current torch stream of each CUDA tensor's device: the
+    kernels run on Kokkos' own stream, which does not wait for torch's (DLPack hands over memory,
+    not order)."""
+    devices = {x.device for x in tensors if _is_torch(x) and x.is_cuda}
+    if devices:
+        import torch
+        for device in devices:
+            torch.cuda.current_stream(device).synchronize()
 
 
 def _shape(where, name, x):

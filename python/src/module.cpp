@@ -18,6 +18,7 @@
 #include <Kokkos_Core.hpp>
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
@@ -181,6 +182,13 @@ constexpr int memory_device() {
 std::string device_name(int device) {
   return device == nb::device::cpu::value ? "cpu" : device == nb::device::cuda::value ? "cuda" : std::to_string(device);
 }
+// The device id within memory_device() that the execution space runs on (the GPU Kokkos chose).
+int memory_device_id() {
+#ifdef KOKKOS_ENABLE_CUDA
+  if constexpr (std::is_same_v<Exec, Kokkos::Cuda>) return context().exec().cuda_device();
+#endif
+  return 0;
+}
 
 std::string dtype_name(const nb::dlpack::dtype& type) {
   const auto code = nb::dlpack::dtype_code(type.code);
@@ -213,6 +221,10 @@ View view_of(const char* where, const char* name, const A& array) {
                     device_name(array.device_type()),
                     device_name(memory_device()) + " (the memory of this build's execution space, " +
                         std::string(Exec::name()) + ")");
+  longattn::require(int(array.device_id()) == memory_device_id(), where, std::string(name) + ".device_id",
+                    array.device_id(),
+                    std::to_string(memory_device_id()) + " (the " + device_name(memory_device()) +
+                        " device Kokkos runs on)");
   longattn::require(array.dtype() == dtype_of<T>(), where, std::string(name) + ".dtype", dtype_name(array.dtype()),
                     dtype_name(dtype_of<T>()) + (rank == 3 ? " (the accumulation type of q's)" : " (as q)"));
   std::size_t dims[8] = {};
@@ -450,6 +462,28 @@ NB_MODULE(_core, m) {
       },
       nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("o"), nb::arg("lse"), nb::arg("spec"), nb::arg("causal"),
       nb::arg("softmax_scale").none(), nb::arg("query_offset"), nb::arg("key_offset"), nb::arg("block_mask").none());
+
+  m.def(
+      "forward_seconds",
+      [](const Input& q, const Input& k, const Input& v, const Array& o, const Array& lse,
+         const longattn::AttentionSpec& spec, bool causal, int calls) {
+        longattn::require(calls > 0, "longattn._core.forward_seconds", "calls", calls, "a positive count");
+        const Call call = make_call("longattn._core.forward_seconds", spec, causal, std::nullopt, 0, 0, std::nullopt);
+        double seconds = 0;
+        nb::gil_scoped_release unlocked;
+        on_kernel_thread([&] {
+          with_storage_type("longattn._core.forward_seconds", q, [&](auto tag) {
+            const auto start = std::chrono::steady_clock::now();
+            for (int i = 0; i < calls; ++i) run_forward<decltype(tag)>(call, q, k, v, o, lse);
+            seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / calls;
+          });
+        });
+        return seconds;
+      },
+      nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("o"), nb::arg("lse"), nb::arg("spec"), nb::arg("causal"),
+      nb::arg("calls"),
+      "Seconds per forward call timed in C++, on the kernel thread (the binding's overhead is a Python "
+      "call's time over this, measured in the same process: perf_tests/compare_python.py)");
 
   m.def(
       "backward",

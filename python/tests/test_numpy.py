@@ -12,6 +12,10 @@ import pytest
 import longattn
 import reference
 
+if longattn.memory_device() != "cpu":
+    pytest.skip(f"this build's kernels read {longattn.memory_device()} memory, not numpy arrays' (test_torch.py "
+                "runs there)", allow_module_level=True)
+
 rng = np.random.default_rng()
 
 
@@ -154,6 +158,17 @@ def test_bad_arguments_name_what_was_expected():
     with pytest.raises(longattn.Error, match="overlapping"):
         longattn._core.forward(q, q, q, q, np.empty((1, 2, 16), np.float32), longattn.AttentionSpec("dense"),
                                False, None, 0, 0, None)
+
+
+def test_forward_timed_in_cpp_writes_the_forward_results():
+    q, k, v = (random(1, 70, 2, 16, dtype=np.float32) for _ in range(3))
+    o, lse = np.zeros_like(q), np.zeros((1, 2, 70), np.float32)
+    seconds = longattn._core.forward_seconds(q, k, v, o, lse, longattn.AttentionSpec("dense"), True, 3)
+    assert seconds > 0
+    want_o, want_lse = longattn.attention_forward(q, k, v, causal=True)
+    assert np.array_equal(o, want_o) and np.array_equal(lse, want_lse)
+    with pytest.raises(longattn.Error, match="calls.*0.*positive"):
+        longattn._core.forward_seconds(q, k, v, o, lse, longattn.AttentionSpec("dense"), True, 0)
 
 
 def test_the_gil_is_released_while_kernels_run():
