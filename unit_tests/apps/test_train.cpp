@@ -962,6 +962,33 @@ TEST_CASE("longattn-plan counts the attention backward's dQ sums where its one-p
     }
 }
 
+// Distributed dilated attention (cp 2) gathers a spanning segment's dilated K and V and returns
+// their gradients: it holds two buffers of them at a time, which the planner counts.
+TEST_CASE("longattn-plan counts distributed dilated attention's buffers: two of a spanning segment's K and V",
+          "[train][plan]") {
+  if (!two_ranks()) return;
+  for (const Precision precision : {Precision::fp32, Precision::bf16}) {
+    TrainConfig c = tiny_config();
+    c.steps = 1;
+    c.memory_limit_mib = 4096;  // a pool of the run's own
+    c.precision = precision;
+    c.model.layers = 1;
+    c.model.heads = 2;
+    c.model.context = 512;
+    c.batch = 2;
+    c.cp = 2;
+    // w 512 spans both ranks' 256 tokens: 512 / 4 = 128 selected tokens of K and V a sequence,
+    // in passes of one head (each of the 2 heads its own offset of the 4).
+    c.model.attention = parse_attention_spec("dilated:w=128,512;r=1,4");
+    const TrainResult r = run_training(c, test::throwing_world(), nullptr);
+    const double element = precision == Precision::fp32 ? 4 : 2;
+    const double segment_kv = 2 * c.batch * (512 / 4) * 1 * (c.model.embed / c.model.heads) * element;
+    INFO(to_string(precision));
+    CHECK(category_bytes(r.predicted_memory, "communication buffers") == 2 * segment_kv);
+    CHECK(category_bytes(r.memory_by_category, "communication buffers") == Approx(2 * segment_kv).epsilon(0.02));
+  }
+}
+
 // cp 2 (ring attention, distributed dilated attention) against one rank: the same losses.
 static void check_context_parallel(const std::string& spec, Precision precision,
                                    PositionEncoding positions = PositionEncoding::learned) {

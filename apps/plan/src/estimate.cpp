@@ -317,9 +317,13 @@ Estimate estimate(const Plan& plan, const AttentionWork& work) {
     double largest = 0;
     for (const auto& level : work.dilated_levels) {
       const double segment = std::min(level.segment, s);
-      if (segment > s_local) largest = std::max(largest, 2 * segment / level.rate * b * (level.heads / t) * D * (element + 4));
+      if (segment > s_local) largest = std::max(largest, 2 * (2 * segment / level.rate * b * level.pass_heads * D * element));
     }
-    if (largest > 0) add_attention_buffer(largest, "gathered dilated K/V of a spanning segment and their fp32 gradients");
+    // Pass by pass (the heads of one offset; tensor parallelism does not split dilated attention),
+    // parallel/dilated_attention.hpp holds two buffers of them at a time: the gathered parts and
+    // the keys and values laid out; the keys and values and their gradients; the gradients and
+    // the same laid out rank by rank.
+    if (largest > 0) add_attention_buffer(largest, "two buffers of a spanning segment's dilated K/V (gathered, laid out, gradients)");
   }
   if (t > 1 && sp) add_buffer(4 * rows * h * element, 0, "sequence parallelism: gathered s b h and its staging, twice");
   // The data-parallel reduction. longattn's buckets (ZeRO 0 and 1) reduce the fp32 gradients where

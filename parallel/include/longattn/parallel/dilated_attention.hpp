@@ -144,7 +144,10 @@ template <class T, class Memory>
 using Pooled4 = memory::PooledView<Kokkos::View<T****, Kokkos::LayoutRight, Memory>>;
 
 // A spanning pass's gathered segment: this rank's dilated K, V packed, all-gathered over the
-// group and laid out as [B, w / r, heads, D] keys and values.
+// group and laid out as [B, w / r, heads, D] keys and values. Each buffer goes back to the pool
+// as soon as the next holds its data, so that at most two segments' K and V are held (the
+// gathered parts and the keys and values); the kernels that read a released block run on `exec`
+// before any that reuses it.
 template <class ExecSpace, class T, class K, class V>
 auto gather_segment(const ExecutionContext<ExecSpace>& context, const SpanningGroup& spanning, const K& k, const V& v,
                     const dilated::Pass& pass, const dilated::SegmentRun& run) {
@@ -154,10 +157,13 @@ auto gather_segment(const ExecutionContext<ExecSpace>& context, const SpanningGr
   const int B = int(k.extent(0)), D = int(k.extent(3)), h = pass.head_count;
   const std::int64_t n = run.tokens, G = spanning.ranks;
   const memory::CategoryScope scope(memory::Category::communication_buffers);
-  const Pooled5<T, Memory> mine(pool, 2, B, n, h, D);
-  pack_selection(exec, k, v, pass, run, mine.view());
-  const Pooled6<T, Memory> all(pool, G, 2, B, n, h, D);
-  spanning.comm.all_gather(exec, mine.data(), all.data(), mine.size(), data_type_of<T>());
+  const Pooled6<T, Memory> all = [&] {
+    const Pooled5<T, Memory> mine(pool, 2, B, n, h, D);
+    pack_selection(exec, k, v, pass, run, mine.view());
+    Pooled6<T, Memory> gathered(pool, G, 2, B, n, h, D);
+    spanning.comm.all_gather(exec, mine.data(), gathered.data(), mine.size(), data_type_of<T>());
+    return gathered;
+  }();
   Pooled4<T, Memory> keys(pool, B, G * n, h, D), values(pool, B, G * n, h, D);
   unpack_segment(exec, all.view(), 0, keys.view());
   unpack_segment(exec, all.view(), 1, values.view());
@@ -274,37 +280,46 @@ void dilated_attention_backward(const On& on, const Communicator& group, const A
       }
       const detail::SpanningGroup& spanning = groups.at(span);
       const dilated::SegmentRun run = detail::shard_run(pass, S);
-      const auto gathered = detail::gather_segment<ExecSpace, T>(context, spanning, k, v, pass, run);
-      const auto& keys = gathered.first;
-      const auto& values = gathered.second;
       const std::int64_t n = run.tokens, G = spanning.ranks;
       const int h = pass.head_count, D = geo.head_dim, B = geo.batch;
-      // The gradients of the whole dilated segment's keys, from this rank's queries.
+      // The gradients of the whole dilated segment's keys, from this rank's queries, laid out
+      // rank by rank for the reduce-scatter. Each buffer goes back to the pool once the next
+      // holds its data (the gathered K and V after the kernels, the gradients once copied), so
+      // that at most two segments' K and V are held, as in the forward pass.
       const memory::CategoryScope scope(memory::Category::communication_buffers);
-      const detail::Pooled4<T, Memory> d_keys(pool, B, G * n, h, D), d_values(pool, B, G * n, h, D);
-      Kokkos::deep_copy(exec, d_keys.view(), zero);
-      Kokkos::deep_copy(exec, d_values.view(), zero);
-      AttentionOptions segment_opts = pass_opts;
-      segment_opts.query_offset = std::int64_t(spanning.index) * n;
-      for (int b = 0; b < B; ++b) {
-        const auto batch = Kokkos::make_pair(b, b + 1);
-        auto slice = [&](const auto& view) { return Kokkos::subview(view, batch, Kokkos::ALL, Kokkos::ALL, Kokkos::ALL); };
-        attention_backward(context, dilated::select_tokens(q, b, pass, run), slice(keys.view()),
-                           slice(values.view()), dilated::select_tokens(o, b, pass, run),
-                           dilated::select_tokens(d_o, b, pass, run),
-                           dilated::select_rows(lse, b, pass, run),
-                           dilated::select_tokens(dq, b, pass, run), slice(d_keys.view()),
-                           slice(d_values.view()), segment_opts);
-      }
+      const detail::Pooled6<T, Memory> parts = [&] {
+        const auto [d_keys, d_values] = [&] {
+          const auto gathered = detail::gather_segment<ExecSpace, T>(context, spanning, k, v, pass, run);
+          const auto& keys = gathered.first;
+          const auto& values = gathered.second;
+          detail::Pooled4<T, Memory> d_k(pool, B, G * n, h, D), d_v(pool, B, G * n, h, D);
+          Kokkos::deep_copy(exec, d_k.view(), zero);
+          Kokkos::deep_copy(exec, d_v.view(), zero);
+          AttentionOptions segment_opts = pass_opts;
+          segment_opts.query_offset = std::int64_t(spanning.index) * n;
+          for (int b = 0; b < B; ++b) {
+            const auto batch = Kokkos::make_pair(b, b + 1);
+            auto slice = [&](const auto& view) { return Kokkos::subview(view, batch, Kokkos::ALL, Kokkos::ALL, Kokkos::ALL); };
+            attention_backward(context, dilated::select_tokens(q, b, pass, run), slice(keys.view()),
+                               slice(values.view()), dilated::select_tokens(o, b, pass, run),
+                               dilated::select_tokens(d_o, b, pass, run),
+                               dilated::select_rows(lse, b, pass, run),
+                               dilated::select_tokens(dq, b, pass, run), slice(d_k.view()),
+                               slice(d_v.view()), segment_opts);
+          }
+          return std::make_pair(d_k, d_v);
+        }();
+        detail::Pooled6<T, Memory> by_rank(pool, G, 2, B, n, h, D);
+        for (std::int64_t g = 0; g < G; ++g) {
+          const auto tokens = Kokkos::make_pair(g * n, (g + 1) * n);
+          Kokkos::deep_copy(exec, Kokkos::subview(by_rank.view(), g, 0, Kokkos::ALL, Kokkos::ALL, Kokkos::ALL, Kokkos::ALL),
+                            Kokkos::subview(d_keys.view(), Kokkos::ALL, tokens, Kokkos::ALL, Kokkos::ALL));
+          Kokkos::deep_copy(exec, Kokkos::subview(by_rank.view(), g, 1, Kokkos::ALL, Kokkos::ALL, Kokkos::ALL, Kokkos::ALL),
+                            Kokkos::subview(d_values.view(), Kokkos::ALL, tokens, Kokkos::ALL, Kokkos::ALL));
+        }
+        return by_rank;
+      }();
       // Summed over the group and scattered back: each rank gets its own dilated tokens' part.
-      const detail::Pooled6<T, Memory> parts(pool, G, 2, B, n, h, D);
-      for (std::int64_t g = 0; g < G; ++g) {
-        const auto tokens = Kokkos::make_pair(g * n, (g + 1) * n);
-        Kokkos::deep_copy(exec, Kokkos::subview(parts.view(), g, 0, Kokkos::ALL, Kokkos::ALL, Kokkos::ALL, Kokkos::ALL),
-                          Kokkos::subview(d_keys.view(), Kokkos::ALL, tokens, Kokkos::ALL, Kokkos::ALL));
-        Kokkos::deep_copy(exec, Kokkos::subview(parts.view(), g, 1, Kokkos::ALL, Kokkos::ALL, Kokkos::ALL, Kokkos::ALL),
-                          Kokkos::subview(d_values.view(), Kokkos::ALL, tokens, Kokkos::ALL, Kokkos::ALL));
-      }
       const detail::Pooled5<T, Memory> mine(pool, 2, B, n, h, D);
       spanning.comm.reduce_scatter(exec, parts.data(), mine.data(), mine.size(), data_type_of<T>(), ReduceOp::sum);
       for (int b = 0; b < B; ++b) {

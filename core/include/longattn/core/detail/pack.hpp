@@ -5,7 +5,9 @@
 // On host compilers with GNU vector extensions (GCC, Clang) a pack is a native vector, so the
 // micro-kernels compile to broadcast + FMA on full registers. Plain loops over arrays do not:
 // GCC 12 leaves them scalar (2 GFLOP/s instead of ~110 on one Sapphire Rapids core). nvcc
-// compiles host and device code from one source, so CUDA builds use the portable lane loops.
+// compiles host and device code from one source, so CUDA builds use the portable lane loops;
+// so does a host build with LONGATTN_PORTABLE_PACKS defined, which is how their host kernels
+// are tested without nvcc.
 #pragma once
 
 #include <Kokkos_Core.hpp>
@@ -17,7 +19,7 @@
 #include "longattn/core/half.hpp"
 #include "longattn/kokkos_compat.hpp"
 
-#if defined(__GNUC__) && !defined(__CUDACC__) && !defined(__HIPCC__)
+#if defined(__GNUC__) && !defined(__CUDACC__) && !defined(__HIPCC__) && !defined(LONGATTN_PORTABLE_PACKS)
 #define LONGATTN_VECTOR_EXTENSIONS 1
 #if defined(__AVX512F__)
 #define LONGATTN_AVX512_PACKS 1
