@@ -121,12 +121,14 @@ struct Pack {
   friend Pack select_less(Pack x, T bound, Pack y) { return {x.v < bound ? y.v : x.v}; }
   // Lane-wise: x == value ? y : x.
   friend Pack select_equal(Pack x, T value, Pack y) { return {x.v == value ? y.v : x.v}; }
-  // 2^n for t = n + 1.5 * 2^23 (float lanes), from t's bits: the low mantissa bits hold n.
+  // 2^n for t = n + 1.5 * 2^23 (float lanes), from t's bits: the low mantissa bits hold n. In
+  // unsigned arithmetic, which wraps where a NaN's bits would overflow a signed int (the result
+  // is NaN all the same: the polynomial's factor is NaN).
   friend Pack pow2_of_rounded(Pack t) {
-    typedef int Bits __attribute__((vector_size(sizeof(int) * W)));
+    typedef unsigned Bits __attribute__((vector_size(sizeof(unsigned) * W)));
     // A C-style cast between vector types of one size reinterprets the bits.
-    const Bits n = (Bits)t.v - 0x4B400000;
-    return {(Native)((n + 127) << 23)};
+    const Bits n = (Bits)t.v - 0x4B400000u;
+    return {(Native)((n + 127u) << 23)};
   }
 
   // The lanes rounded to bfloat16 (as bfloat16(float), half.hpp), stored as pairs for the bf16
@@ -190,9 +192,9 @@ struct Pack {
   KOKKOS_INLINE_FUNCTION friend Pack pow2_of_rounded(Pack t) {
     Pack r;
     for (int l = 0; l < W; ++l) {
-      int bits;
+      std::uint32_t bits;
       memcpy(&bits, &t.v[l], sizeof bits);
-      bits = ((bits - 0x4B400000) + 127) << 23;
+      bits = (bits - 0x4B400000u + 127u) << 23;
       memcpy(&r.v[l], &bits, sizeof bits);
     }
     return r;
