@@ -25,8 +25,7 @@
 #      causal or not, forward and forward + backward, 16 heads), with the default programs and with
 #      the warpgroup ones (wgmma; sdpa_warpgroup.json)
 #   4. every other test on Kokkos::Cuda: core's cases, memory, and at one MPI rank parallel and
-#      train; the Python package's tests on torch CUDA tensors (python/tests); and under cuda-gdb
-#      the emulated case that crashes on Kokkos::Serial in this build
+#      train; the Python package's tests on torch CUDA tensors (python/tests)
 #   5. several ranks on the one GPU: NCCL refuses ranks that share a GPU, so the communicator
 #      chooses the staged transport (MPI on host copies); parallel at 2 and 4 ranks, train at 2
 #      and the ZeRO / tp cases at 4; longattn-train at cp 2 and at dp 2 with ZeRO 2 (JSON: the
@@ -193,12 +192,6 @@ EOF
 
   # 4. Every other test on Kokkos::Cuda: core's cases, memory, and at one MPI rank parallel and train.
   if [ "$steps" != kernels ]; then
-    # The emulated case that crashes in the CUDA build (2026-11-27) under cuda-gdb: the program
-    # counter was 0 at the fault, so beside the backtrace the stack around the stack pointer
-    # (return addresses shown by symbol) and the libraries' load addresses.
-    step emulated_other_head_dims 60 cuda-gdb -batch -ex run -ex bt -ex "info registers rip rsp rbp" \
-      -ex 'x/48a $rsp-128' -ex "info sharedlibrary" --args "$bin/longattn_core_tests" \
-      --warn NoTests "tensor-core attention: two passes\, output_scale\, accumulated gradients\, other head dims - Targets - 0"
     step core_cuda 120 "$bin/longattn_core_tests" --warn NoTests "* - 1" -r junit -o "$out/core_cuda.xml"
     step memory 30 "$bin/longattn_memory_tests" -r junit -o "$out/memory.xml"
     step parallel_np1 45 "$bin/longattn_parallel_tests" --warn NoTests "* - 1" -r junit -o "$out/parallel_np1.xml"

@@ -447,18 +447,36 @@ void run_team_kernel(const char* label, const ExecSpace& exec, Kernel kernel) {
   Kokkos::parallel_for(label, policy, kernel);
 }
 
-// f(b, i, h) for every row of `batch` x `tokens` x `heads`, on `exec`.
-template <class ExecSpace, class F>
-void for_each_row(const char* label, const ExecSpace& exec, int batch, int tokens, int heads, const F& f) {
-  Kokkos::parallel_for(
-      label, Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(exec, 0, std::int64_t(batch) * tokens * heads),
-      KOKKOS_LAMBDA(std::int64_t row) { f(int(row / heads / tokens), int(row / heads % tokens), int(row % heads)); });
-}
+// dst = src row by row over [B, N, H, D] tensors of the same shape, or dst += src (in src's type)
+// when accumulating; an empty src reads as zeros. A named functor: a KOKKOS_LAMBDA that captures another one breaks on host
+// spaces in a CUDA build. nvcc wraps each host-side extended lambda in a type whose copy and call
+// go through function pointers kept in statics private to one translation unit. The outer
+// wrapper's copy function, a function shared by every unit, then reads another unit's pointers
+// for the inner lambda; here it called a null pointer (SIGSEGV at address 0, Kokkos::Serial, -O3;
+// also seen by k2-fsa/k2#361 and arborx/ArborX#1297).
+template <class Dst, class Src>
+struct CopyRows {
+  Dst dst;
+  Src src;
+  int tokens, heads, head_dim;
+  bool accumulate;
 
-// f(b, i, h) for every query row of an attention call.
-template <class ExecSpace, class F>
-void for_each_query_row(const char* label, const ExecSpace& exec, const AttentionGeometry& geo, const F& f) {
-  for_each_row(label, exec, geo.batch, geo.queries, geo.heads, f);
+  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t row) const {
+    using Out = typename Dst::value_type;
+    using Sum = std::remove_const_t<typename Src::value_type>;
+    const int b = int(row / heads / tokens), i = int(row / heads % tokens), h = int(row % heads);
+    for (int d = 0; d < head_dim; ++d) {
+      const Sum x = src.data() != nullptr ? Sum(src(b, i, h, d)) : Sum(0.0f);
+      dst(b, i, h, d) = accumulate ? Out(Sum(dst(b, i, h, d)) + x) : Out(x);
+    }
+  }
+};
+
+template <class ExecSpace, class Dst, class Src>
+void copy_rows(const char* label, const ExecSpace& exec, const Dst& dst, const Src& src, bool accumulate) {
+  const std::int64_t rows = std::int64_t(dst.extent(0)) * std::int64_t(dst.extent(1)) * std::int64_t(dst.extent(2));
+  Kokkos::parallel_for(label, Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(exec, 0, rows),
+                       CopyRows<Dst, Src>{dst, src, int(dst.extent(1)), int(dst.extent(2)), int(dst.extent(3)), accumulate});
 }
 
 // A [B, N, H, D] view of head-major memory ([B][H][N][D]: each head's N rows together).
@@ -493,11 +511,7 @@ Tensor4<const S, ExecSpace> streamed_tensor(const ExecutionContext<ExecSpace>& c
   const memory::CategoryScope scope(memory::Category::transient_copies);
   memory = context.template allocate<Kokkos::View<S*, typename ExecSpace::memory_space>>(B * H * N * D);
   const Tensor4<S, ExecSpace> copy = head_major_view<ExecSpace>(memory.data(), B, N, H, D);
-  const int head_dim = int(D);
-  for_each_row("longattn::attention::head_major_copy", context.exec(), int(B), int(N), int(H),
-               KOKKOS_LAMBDA(int b, int i, int h) {
-                 for (int d = 0; d < head_dim; ++d) copy(b, i, h, d) = x(b, i, h, d);
-               });
+  copy_rows("longattn::attention::head_major_copy", context.exec(), copy, x, false);
   return copy;
 }
 
@@ -656,24 +670,16 @@ void AttentionKernels<ExecSpace, S, Pattern, Tiles>::backward(const Context& con
     dq_sum = head_major_view<ExecSpace>(workspace.data(), B, N, H, D);
     Kokkos::deep_copy(exec, workspace.view(), T(0));
   }
-  const int head_dim = geo.head_dim;
   if (workspace.data() == nullptr && !opts.accumulate_gradients)
-    for_each_query_row("longattn::attention_backward::zero_dq", exec, geo, KOKKOS_LAMBDA(int b, int i, int h) {
-      for (int d = 0; d < head_dim; ++d) dq_sum(b, i, h, d) = T(0);
-    });
+    copy_rows("longattn::attention_backward::zero_dq", exec, dq_sum, Tensor4<const T, ExecSpace>(), false);
   Copy q_copy, d_o_copy;
   auto kernel = key_gradient_kernel(std::true_type(), q_copy, d_o_copy);
   kernel.dq_sum = dq_sum;
   kernel.scale = T(scale);
   kernel.bf16_products = bf16_products(kernel);
   run_team_kernel("longattn::attention_backward::dq_dk_dv", exec, kernel);
-  if (workspace.data() != nullptr) {
-    const bool accumulate = opts.accumulate_gradients;
-    for_each_query_row("longattn::attention_backward::dq", exec, geo, KOKKOS_LAMBDA(int b, int i, int h) {
-      for (int d = 0; d < head_dim; ++d)
-        dq(b, i, h, d) = S((accumulate ? T(dq(b, i, h, d)) : T(0)) + dq_sum(b, i, h, d));
-    });
-  }
+  if (workspace.data() != nullptr)
+    copy_rows("longattn::attention_backward::dq", exec, dq, dq_sum, opts.accumulate_gradients);
 }
 
 // Compiled into liblongattn_core (detail/eti.hpp); block_sparse_layout.hpp declares its own.
