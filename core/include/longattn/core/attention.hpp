@@ -448,12 +448,12 @@ void run_team_kernel(const char* label, const ExecSpace& exec, Kernel kernel) {
 }
 
 // dst = src row by row over [B, N, H, D] tensors of the same shape, or dst += src (in src's type)
-// when accumulating; an empty src reads as zeros. A named functor: a KOKKOS_LAMBDA that captures another one breaks on host
-// spaces in a CUDA build. nvcc wraps each host-side extended lambda in a type whose copy and call
-// go through function pointers kept in statics private to one translation unit. The outer
-// wrapper's copy function, a function shared by every unit, then reads another unit's pointers
-// for the inner lambda; here it called a null pointer (SIGSEGV at address 0, Kokkos::Serial, -O3;
-// also seen by k2-fsa/k2#361 and arborx/ArborX#1297).
+// when accumulating; an empty src reads as zeros. A named functor: a KOKKOS_LAMBDA that captures
+// another one breaks on host spaces in a CUDA build. nvcc wraps each host-side extended lambda in
+// a type whose copy and call go through function pointers kept in statics private to one
+// translation unit. The outer wrapper's copy function, a function shared by every unit, then
+// reads another unit's pointers for the inner lambda; here it called a null pointer (SIGSEGV at
+// address 0, Kokkos::Serial, -O3; also seen by k2-fsa/k2#361 and arborx/ArborX#1297).
 template <class Dst, class Src>
 struct CopyRows {
   Dst dst;
@@ -465,8 +465,9 @@ struct CopyRows {
     using Out = typename Dst::value_type;
     using Sum = std::remove_const_t<typename Src::value_type>;
     const int b = int(row / heads / tokens), i = int(row / heads % tokens), h = int(row % heads);
+    const bool zeros = src.data() == nullptr;
     for (int d = 0; d < head_dim; ++d) {
-      const Sum x = src.data() != nullptr ? Sum(src(b, i, h, d)) : Sum(0.0f);
+      const Sum x = zeros ? Sum(0.0f) : Sum(src(b, i, h, d));
       dst(b, i, h, d) = accumulate ? Out(Sum(dst(b, i, h, d)) + x) : Out(x);
     }
   }
@@ -475,8 +476,8 @@ struct CopyRows {
 template <class ExecSpace, class Dst, class Src>
 void copy_rows(const char* label, const ExecSpace& exec, const Dst& dst, const Src& src, bool accumulate) {
   const std::int64_t rows = std::int64_t(dst.extent(0)) * std::int64_t(dst.extent(1)) * std::int64_t(dst.extent(2));
-  Kokkos::parallel_for(label, Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(exec, 0, rows),
-                       CopyRows<Dst, Src>{dst, src, int(dst.extent(1)), int(dst.extent(2)), int(dst.extent(3)), accumulate});
+  const CopyRows<Dst, Src> kernel{dst, src, int(dst.extent(1)), int(dst.extent(2)), int(dst.extent(3)), accumulate};
+  Kokkos::parallel_for(label, Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(exec, 0, rows), kernel);
 }
 
 // A [B, N, H, D] view of head-major memory ([B][H][N][D]: each head's N rows together).
