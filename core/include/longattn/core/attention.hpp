@@ -465,10 +465,15 @@ struct CopyRows {
     using Out = typename Dst::value_type;
     using Sum = std::remove_const_t<typename Src::value_type>;
     const int b = int(row / heads / tokens), i = int(row / heads % tokens), h = int(row % heads);
-    const bool zeros = src.data() == nullptr;
-    for (int d = 0; d < head_dim; ++d) {
-      const Sum x = zeros ? Sum(0.0f) : Sum(src(b, i, h, d));
-      dst(b, i, h, d) = accumulate ? Out(Sum(dst(b, i, h, d)) + x) : Out(x);
+    // The branches once a row, outside the loops: inside them, the head-major copy took 1.5x as
+    // long (GCC 12, Zen 5).
+    if (src.data() == nullptr) {
+      if (!accumulate)
+        for (int d = 0; d < head_dim; ++d) dst(b, i, h, d) = Out(0.0f);
+    } else if (accumulate) {
+      for (int d = 0; d < head_dim; ++d) dst(b, i, h, d) = Out(Sum(dst(b, i, h, d)) + Sum(src(b, i, h, d)));
+    } else {
+      for (int d = 0; d < head_dim; ++d) dst(b, i, h, d) = Out(src(b, i, h, d));
     }
   }
 };
