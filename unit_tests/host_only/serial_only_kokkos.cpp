@@ -1,10 +1,11 @@
 // A CUDA build's tests on a machine without a GPU: preloaded (LD_PRELOAD) into a test program of
 // the CUDA variant, this library replaces Kokkos' initialize, finalize, is_initialized, fence and
 // push_finalize_hook so that Kokkos brings up Kokkos::Serial alone; Kokkos 3.4 initializes every
-// backend it was built with and stops where the CUDA driver finds no device. The test cases on Serial then run the host
-// code that nvcc compiled (its host pass through the same GCC, but with nvcc's front end, lambda
-// wrappers and the portable lane loops of pack.hpp), which no host build runs. A case that touches
-// Kokkos::Cuda fails with the CUDA runtime's error; run only the Serial cases (`"* - 0"`).
+// backend it was built with and stops where the CUDA driver finds no device. The test cases on
+// Serial then run the host code that nvcc compiled (its host pass through the same GCC, but with
+// nvcc's front end, lambda wrappers and the portable lane loops of pack.hpp), which no host build
+// runs. A case that touches Kokkos::Cuda fails with the CUDA runtime's error; run only the Serial
+// cases (`"* - 0"`).
 #include <Kokkos_Core.hpp>
 
 #include <cstdio>
