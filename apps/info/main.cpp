@@ -83,7 +83,8 @@ Ceilings measure(const Options& options) {
   return c;
 }
 
-// What products of bfloat16 matrices (gemm, attention) run on in this process.
+// What products of bfloat16 matrices run on in this process: gemm's, and the attention kernels'
+// block products, which take the tile products first.
 std::string bf16_products_text() {
   if (!longattn::bf16_dot_products_available()) return "float copies and sgemm (no bf16 dot products on this CPU or build)";
   char speed[128];
@@ -91,6 +92,15 @@ std::string bf16_products_text() {
                 longattn::bf16_dot_product_speedup());
   if (longattn::bf16_dot_products_in_use()) return std::string("the CPU's bf16 dot products (") + speed + ")";
   return std::string("float copies and sgemm (") + speed + "; LONGATTN_BF16_DOT_PRODUCTS=1 uses them)";
+}
+
+std::string bf16_attention_products_text() {
+  if (longattn::bf16_tile_products_in_use()) return "the CPU's bf16 tile products (AMX-BF16)";
+  const std::string tiles = longattn::bf16_tile_products_available()
+                                ? "; AMX-BF16 tile products off: LONGATTN_BF16_TILE_PRODUCTS=0"
+                                : "; no AMX-BF16 tile products on this CPU, OS or build";
+  if (longattn::bf16_dot_products_in_use()) return "the CPU's bf16 dot products, as gemm" + tiles;
+  return "float values" + tiles;
 }
 
 // How float matrix products run on the GPU's space (gemm.hpp's TF32 switch).
@@ -131,6 +141,7 @@ void print_report(std::ostream& out, const Report& report, const Options& option
   out << "  BLAS kernels      " << (blas.kernels.empty() ? "unknown" : blas.kernels) << ": "
       << blas.selection << "\n";
   out << "  bf16 products     " << bf16_products_text() << "\n";
+  out << "  bf16 attention    " << bf16_attention_products_text() << "\n";
   out << "  float products    " << float_products_text() << "\n";
   out << "  linear layers     " << linear_layers_text() << "\n";
   out << "  communication     " << join(report.communication, "; ") << "\n";

@@ -1,8 +1,8 @@
 // The kernels on bf16 dot products: gemm's packing and micro-kernel
 // (include/longattn/core/detail/bf16_gemm.hpp has the shape) and the attention kernels' block
-// products (detail/bf16_pair_product.hpp). Functions that use AVX-512 carry a target attribute,
-// so this file needs no -mavx512 flags and the rest of the library runs on any x86-64; they are
-// only called after the CPU check.
+// products (detail/bf16_pair_product.hpp; on tile products they are in bf16_tile_products.cpp).
+// Functions that use AVX-512 carry a target attribute, so this file needs no -mavx512 flags and
+// the rest of the library runs on any x86-64; they are only called after the CPU check.
 #include "longattn/core/detail/bf16_gemm.hpp"
 #include "longattn/core/detail/bf16_pair_product.hpp"
 #include "longattn/core/bf16_dot_products.hpp"
@@ -305,14 +305,10 @@ LONGATTN_AVX512_BF16 inline void pair_micro_tile(const Bf16PairProduct& x, int r
     }
 }
 
-}  // namespace
-
-LONGATTN_AVX512_BF16 void bf16_pair_product(const Bf16PairProduct& x, int first_row, int end_row) {
+// Rows [first_row, end_row) of the product on dot products, a row of micro-tiles at a time.
+LONGATTN_AVX512_BF16 void bf16_dot_pair_product(const Bf16PairProduct& x, int first_row, int end_row) {
   constexpr int R = bf16_pair_tile_rows;
   const int row_tiles = (end_row - first_row + R - 1) / R;
-  // This call's share of the prefetched rows, a part after each row of micro-tiles.
-  const int prefetch_first = x.rows > 0 ? int(std::int64_t(first_row) * x.prefetch_rows / x.rows) : 0;
-  const int prefetch_end = x.rows > 0 ? int(std::int64_t(end_row) * x.prefetch_rows / x.rows) : 0;
   for (int t = 0; t < row_tiles; ++t) {
     const int row = first_row + t * R;
     for (int col = 0; col < x.cols; col += bf16_pair_tile_cols)
@@ -320,12 +316,17 @@ LONGATTN_AVX512_BF16 void bf16_pair_product(const Bf16PairProduct& x, int first_
         pair_micro_tile<R>(x, row, col);
       else
         for (int r = row; r < end_row; ++r) pair_micro_tile<1>(x, r, col);
-    const int begin = prefetch_first + t * (prefetch_end - prefetch_first) / row_tiles;
-    const int end = prefetch_first + (t + 1) * (prefetch_end - prefetch_first) / row_tiles;
-    for (int j = begin; j < end; ++j)
-      for (int byte = 0; byte < x.prefetch_row_bytes; byte += 64)
-        _mm_prefetch(x.prefetch + std::ptrdiff_t(j) * x.prefetch_stride + byte, _MM_HINT_T0);
+    bf16_prefetch_part(x, first_row, end_row, t, row_tiles);
   }
+}
+
+}  // namespace
+
+void bf16_pair_product(const Bf16PairProduct& x, int first_row, int end_row) {
+  if (bf16_tile_products_in_use())
+    bf16_tile_pair_product(x, first_row, end_row);
+  else
+    bf16_dot_pair_product(x, first_row, end_row);
 }
 
 #if !defined(__clang__)

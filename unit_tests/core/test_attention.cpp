@@ -120,7 +120,7 @@ void check_forward_and_backward(const Shape& s, bool causal, std::mt19937_64& rn
   const bool tensor_cores =
       longattn::is_half_v<T> &&
       longattn::detail::tensor_cores_compiled<ExecSpace, T, longattn::tiles_for_t<ExecSpace, Tiles>>();
-  const double rounding = longattn::test::dot_product_rounding<T, Memory>();
+  const double rounding = longattn::test::bf16_product_rounding<T, Memory>();
   const double forward_rounding =
       tensor_cores && longattn::detail::tensor_core::head_dim_supported<T>(s.head_dim, false) ? 2.0 : rounding;
   const double backward_rounding =
@@ -159,8 +159,13 @@ TEMPLATE_LIST_TEST_CASE("attention in the GPU's tile shape with several threads 
       for (auto passes : {longattn::BackwardPasses::two, longattn::BackwardPasses::one}) {
         check_forward_and_backward<Kokkos::OpenMP, float, TestType>(s, causal, rng, passes);
         check_forward_and_backward<Kokkos::OpenMP, double, TestType>(s, causal, rng, passes);
-        const longattn::test::Bf16DotProducts use(true);  // where available ([half] says SKIP otherwise)
-        check_forward_and_backward<Kokkos::OpenMP, longattn::bfloat16, TestType>(s, causal, rng, passes);
+        using longattn::test::Bf16Path;
+        for (Bf16Path path : {Bf16Path::dot_products, Bf16Path::tile_products}) {
+          if (!longattn::test::available(path)) continue;  // [half] says SKIP
+          INFO(longattn::test::to_string(path));
+          const longattn::test::Bf16Products use(path);
+          check_forward_and_backward<Kokkos::OpenMP, longattn::bfloat16, TestType>(s, causal, rng, passes);
+        }
       }
 #endif
 }
@@ -174,24 +179,27 @@ TEST_CASE("a team larger than the execution space can run is a longattn::Error",
 }
 
 // The 16-bit types: inputs rounded to them (the reference sees the rounded values), float
-// accumulation, outputs rounded once; lse in float. bfloat16 on a host space runs twice: on float
-// values, and on the CPU's bf16 dot products (probabilities and dS rounded to bf16) where it has them.
+// accumulation, outputs rounded once; lse in float. bfloat16 on a host space runs on each path:
+// float values, and where the CPU has them its bf16 tile and dot products (probabilities and dS
+// rounded to bf16).
 TEMPLATE_LIST_TEST_CASE("bfloat16 and float16 attention match the double reference within their rounding",
                         "[core][attention][half]", longattn::test::ExecutionSpaces) {
+  using longattn::test::Bf16Path;
   std::mt19937_64 rng(longattn::test::test_seed());
   const bool host = std::is_same_v<typename TestType::memory_space, Kokkos::HostSpace>;
-  for (bool dot_products : {false, true}) {
-    if (dot_products && !(host && longattn::bf16_dot_products_available())) {
-      WARN("SKIP: bfloat16 attention on bf16 dot products needs a host space on a CPU with AVX512-BF16");
+  for (Bf16Path path : {Bf16Path::float_values, Bf16Path::dot_products, Bf16Path::tile_products}) {
+    if (path != Bf16Path::float_values && !host) continue;  // device spaces have one path
+    if (!longattn::test::available(path)) {
+      WARN(longattn::test::missing(path));
       continue;
     }
-    const longattn::test::Bf16DotProducts use(dot_products);
+    const longattn::test::Bf16Products use(path);
     for (const Shape& s : shapes)
       for (bool causal : {false, true})
         for (auto passes : {longattn::BackwardPasses::two, longattn::BackwardPasses::one}) {
-          INFO("bf16 dot products " << (dot_products ? "on" : "off"));
+          INFO(longattn::test::to_string(path));
           check_forward_and_backward<TestType, longattn::bfloat16>(s, causal, rng, passes);
-          if (!dot_products) check_forward_and_backward<TestType, longattn::float16>(s, causal, rng, passes);
+          if (path == Bf16Path::float_values) check_forward_and_backward<TestType, longattn::float16>(s, causal, rng, passes);
         }
   }
 }
@@ -804,7 +812,7 @@ void check_extreme(const Shape& s, bool causal, double qk_scale, double v_scale,
   longattn::attention_backward(exec, qd, kd, vd, o, dod, lse, dq, dk, dv, opts);
   const double scale = softmax_scale != 0 ? std::abs(softmax_scale) : 1 / std::sqrt(double(s.head_dim));
   const double logits = s.head_dim * scale * qk_scale * qk_scale;
-  const double forward_tolerance = longattn::test::dot_product_rounding<T, Memory>() * tolerance<T>() +
+  const double forward_tolerance = longattn::test::bf16_product_rounding<T, Memory>() * tolerance<T>() +
                                    4 * double(std::numeric_limits<longattn::accumulate_t<T>>::epsilon()) * logits;
   // 16-bit: 2x (measured up to 1.3x).
   const double backward_tolerance = (longattn::is_half_v<T> ? 2 : 1) * gradient_tolerance<T>() * std::max(1.0, scale);

@@ -178,7 +178,7 @@ void check_pattern(const Case& c, const BlockSparseConfig* config, bool causal, 
   longattn::attention_forward<Tiles>(exec, qd, kd, vd, o, lse, opts, layout);
   longattn::attention_backward<Tiles>(exec, qd, kd, vd, o, dod, lse, dq, dk, dv, opts, layout);
   exec.fence();
-  const double rounding = longattn::test::dot_product_rounding<T, Memory>();
+  const double rounding = longattn::test::bf16_product_rounding<T, Memory>();
   CHECK(relative_error(to_host(o), o_ref) <= rounding * tolerance<T>());
   CHECK(relative_error(to_host(lse), lse_ref) <= rounding * tolerance<T>());
   CHECK(relative_error(to_host(dq), dq_ref) <= rounding * gradient_tolerance<T>());

@@ -92,9 +92,9 @@ void check_against_reference(const Case& c, DilatedMode mode, bool causal, std::
   exec.fence();
   // In the 16-bit types o is rounded once per configuration merged into it and a gradient once
   // per pass that adds to it.
-  // bf16 dot products round P and dS too (dot_product_rounding).
+  // The bf16 tile and dot products round P and dS too (bf16_product_rounding).
   const double rounds = (longattn::is_half_v<T> ? double(c.w.size()) : 1) *
-                        longattn::test::dot_product_rounding<T, Memory>();
+                        longattn::test::bf16_product_rounding<T, Memory>();
   CHECK(relative_error(to_host(o), o_ref) <= rounds * tolerance<T>());
   CHECK(relative_error(to_host(lse), lse_ref) <= tolerance<T>());
   CHECK(relative_error(to_host(dq), dq_ref) <= rounds * gradient_tolerance<T>());

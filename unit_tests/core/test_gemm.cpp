@@ -101,7 +101,7 @@ void check_gemm_16bit(const char* trans_a, const char* trans_b, int m, int n, in
 
 TEMPLATE_LIST_TEST_CASE("gemm in 16-bit storage sums in float and rounds once", "[core][gemm][half]",
                         longattn::test::ExecutionSpaces) {
-  const longattn::test::Bf16DotProducts off(false);  // the portable path (float copies), on every CPU
+  const longattn::test::Bf16Products off(longattn::test::Bf16Path::float_values);  // the portable path (float copies), on every CPU
   std::mt19937_64 rng(longattn::test::test_seed());
   for (const char* ta : {"N", "T"})
     for (const char* tb : {"N", "T"}) {
@@ -151,7 +151,7 @@ TEMPLATE_LIST_TEST_CASE("gemm of bfloat16 on the CPU's bf16 dot products matches
     WARN("SKIP: bf16 dot products need a host space on a CPU with AVX512-BF16 (this build or CPU has none)");
     return;
   }
-  const longattn::test::Bf16DotProducts on(true);
+  const longattn::test::Bf16Products on(longattn::test::Bf16Path::dot_products);
   REQUIRE(longattn::bf16_dot_products_in_use());
   std::mt19937_64 rng(longattn::test::test_seed());
   using longattn::bfloat16;

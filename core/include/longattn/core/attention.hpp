@@ -421,10 +421,10 @@ void check_blocks(const char* where, const Blocks& blocks, const AttentionGeomet
 }
 
 // Whether a kernel takes the bf16 path (attention_kernels.hpp): compiled for its types, and the
-// CPU's bf16 dot products in use (bf16_dot_products.hpp).
+// CPU's bf16 tile or dot products in use (bf16_dot_products.hpp).
 template <class Kernel>
 bool bf16_products(const Kernel&) {
-  return Kernel::bf16_compiled && bf16_dot_products_in_use();
+  return Kernel::bf16_compiled && (bf16_tile_products_in_use() || bf16_dot_products_in_use());
 }
 
 // Runs a team kernel in teams of its tile configuration's size, with its scratch in level 0

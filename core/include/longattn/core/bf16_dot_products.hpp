@@ -1,7 +1,9 @@
 #pragma once
-// The CPU's bf16 dot products (x86-64 AVX512-BF16's vdpbf16ps): gemm on bfloat16 operands
-// (gemm.hpp) and the attention kernels on bfloat16 tensors (attention.hpp) run on them on a
-// host space where they are in use; elsewhere both compute on float values.
+// The CPU's bf16 products on a host space: gemm on bfloat16 operands (gemm.hpp) and the
+// attention kernels on bfloat16 tensors (attention.hpp) run on its dot products (x86-64
+// AVX512-BF16's vdpbf16ps) where they are in use; the attention kernels' block products run on
+// its tile products (Intel AMX-BF16) where those are, before the dot products. Elsewhere both
+// compute on float values.
 namespace longattn {
 
 // Whether this CPU has them (and this build has the kernels: x86-64, GCC or Clang).
@@ -20,5 +22,16 @@ inline constexpr double bf16_dot_products_minimum_speedup = 1.25;
 bool bf16_dot_products_in_use();
 // Turns their use on (where available) or off for the process, e.g. to compare both paths.
 void use_bf16_dot_products(bool on);
+
+// Whether this CPU has AMX-BF16 tile products (Intel Sapphire Rapids and later) and the OS lets
+// this process use their tile registers (Linux 5.16 and later, asked at the first call); and
+// this build has the kernels. One tdpbf16ps does 16 x 16 x 32 products (a float FMA: 16).
+bool bf16_tile_products_available();
+// Whether the attention kernels' bf16 block products run on them now: available and, per
+// LONGATTN_BF16_TILE_PRODUCTS in the environment (read at the first call), "1" or unset: on;
+// "0": off. use_bf16_tile_products() overrides. gemm does not use them.
+bool bf16_tile_products_in_use();
+// Turns their use on (where available) or off for the process, e.g. to compare the paths.
+void use_bf16_tile_products(bool on);
 
 }  // namespace longattn

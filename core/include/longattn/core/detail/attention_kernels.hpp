@@ -317,7 +317,7 @@ KOKKOS_INLINE_FUNCTION float* bf16_output(T* c) {
 template <class Member, class Tensor>
 KOKKOS_INLINE_FUNCTION void load_bf16_rows(const Member& team, const Tensor& x, int b, int h, int first, int count,
                                            int head_dim, std::uint32_t* out) {
-  using S = typename Tensor::value_type;
+  using S = typename Tensor::non_const_value_type;  // the inputs are views of const
   const int words = bf16_padded(head_dim) / 2;
   Kokkos::parallel_for(Kokkos::TeamThreadRange(team, count), [&](int j) {
     std::uint32_t* row = out + j * words;
