@@ -1,16 +1,22 @@
 // The machine's ceilings as benchmarks: FP32 FMA peak per execution space, and sgemm through
 // longattn::gemm (Kokkos Kernels -> OpenBLAS) at several sizes on one BLAS thread and on all;
 // gemm of bfloat16 A and B against sgemm at the same shapes (the trainer's among them), on the
-// CPU's bf16 dot products and on float copies.
+// CPU's bf16 dot products and on float copies; and the attention kernels' block products on
+// bf16 pairs against the dot-product instruction's peak.
 //
 // sgemm n x n x n does 2 n^3 FLOPs and must move at least 3 n^2 floats (12 n^2 bytes); from
 // n = 256 on it is compute-bound on this CPU (arithmetic intensity n/6 FLOP/byte).
 #include <benchmark/benchmark.h>
 
+#include <cstdint>
+#include <vector>
+
+#include "longattn/core/bf16_dot_products.hpp"
 #include "longattn/core/blas.hpp"
 #include "longattn/core/ceilings.hpp"
 #include "longattn/core/runtime.hpp"
 #include "longattn/core/gemm.hpp"
+#include "longattn/core/detail/bf16_pair_product.hpp"
 
 namespace {
 
@@ -130,6 +136,51 @@ void BM_GemmGrid(benchmark::State& state) {
   run_gemm<Host>(state, int(state.range(0)), int(state.range(1)), int(state.range(2)), 0, operands);
 }
 
+// One block product of the attention kernels on bf16 pairs (detail/bf16_pair_product.hpp) on
+// one core, on the dot products (the tile products off): C (rows x cols) = A (rows x pairs
+// pairs) B, 4 rows cols pairs FLOPs; operands and C (32-56 KiB) stay in cache as in the kernels.
+// fraction_of_peak divides by the instruction's peak: the FMA peak times
+// bf16_dot_product_speedup(). Args: {rows, cols, pairs, A's pairs (0: along its rows, as K's
+// and dO's; 1: down its columns, as V's)}.
+void BM_Bf16PairProduct(benchmark::State& state) {
+  if (!longattn::bf16_dot_products_available()) {
+    state.SkipWithError("this CPU has no bf16 dot products (AVX512-BF16)");
+    return;
+  }
+  const int rows = int(state.range(0)), cols = int(state.range(1)), pairs = int(state.range(2));
+  const bool pairs_down_columns = state.range(3) == 1;
+  // Words of two bf16 values near 1 (0x3f80: 1.0): finite products whatever the order.
+  std::vector<std::uint32_t> a(std::size_t(rows) * pairs, 0x3f803f80u), b(std::size_t(pairs) * cols, 0x3f803f80u);
+  std::vector<float> c(std::size_t(rows) * cols);
+  longattn::detail::Bf16PairProduct product{};
+  product.a = a.data();
+  product.a_row_stride = pairs_down_columns ? 1 : pairs;
+  product.a_pair_stride = pairs_down_columns ? rows : 1;
+  product.b = b.data();
+  product.ldb = cols;
+  product.c = c.data();
+  product.ldc = cols;
+  product.rows = rows;
+  product.cols = cols;
+  product.pairs = pairs;
+  product.alpha = 1.0f;
+  product.accumulate = true;
+  const bool tiles_before = longattn::bf16_tile_products_in_use();
+  longattn::use_bf16_tile_products(false);
+  longattn::detail::bf16_pair_product(product, 0, rows);  // warm-up: caches
+  Kokkos::Timer timer;
+  for (auto _ : state) {
+    longattn::detail::bf16_pair_product(product, 0, rows);
+    benchmark::DoNotOptimize(c.data());
+  }
+  const double seconds = timer.seconds();
+  longattn::use_bf16_tile_products(tiles_before);
+  const double flops = 4.0 * rows * double(cols) * pairs * double(state.iterations());
+  state.counters["FLOP/s"] = benchmark::Counter(flops, benchmark::Counter::kIsRate);
+  state.counters["fraction_of_peak"] =
+      flops / seconds * 1e-9 / (fma_peak_gflops_one_core * longattn::bf16_dot_product_speedup());
+}
+
 }  // namespace
 
 // Arg: FMA rounds per launch.
@@ -150,6 +201,12 @@ BENCHMARK_TEMPLATE(BM_Gemm, Host)
     ->ArgsProduct({{2048}, {128}, {384}, {0}, {0, 1, 2}})
     ->ArgsProduct({{2048}, {512}, {128}, {1}, {0, 1, 2}})
     ->UseRealTime()->Unit(benchmark::kMillisecond);
+
+// The forward pass's products at L = 64: S = K Q^T at D 64 and 128 (pairs along K's rows), then
+// O += V^T P (V's pairs down its columns).
+BENCHMARK(BM_Bf16PairProduct)
+    ->Args({64, 64, 32, 0})->Args({64, 64, 64, 0})->Args({64, 64, 32, 1})->Args({128, 64, 32, 1})
+    ->UseRealTime()->Unit(benchmark::kMicrosecond);
 
 BENCHMARK(BM_GemmGrid)
     ->ArgsProduct({{128, 256, 1024, 4096, 16384}, {64, 256, 1024}, {64, 256, 1024}, {0, 1, 2}})

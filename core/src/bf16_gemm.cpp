@@ -275,7 +275,10 @@ namespace {
 template <int R>
 LONGATTN_AVX512_BF16 inline void pair_micro_tile(const Bf16PairProduct& x, int row, int col) {
   constexpr int packs = bf16_pair_tile_cols / lanes;
+  // Every loop over the micro-tile is unrolled: GCC keeps acc in registers only when each index
+  // into it is a constant (else it spills all 16 accumulators on every pair).
   __mmask16 mask[packs];
+#pragma GCC unroll 4
   for (int v = 0; v < packs; ++v) {
     const int n = std::clamp(x.cols - col - v * lanes, 0, lanes);
     mask[v] = __mmask16((1u << n) - 1);
@@ -283,21 +286,27 @@ LONGATTN_AVX512_BF16 inline void pair_micro_tile(const Bf16PairProduct& x, int r
   __m512 acc[R][packs];
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
     for (int v = 0; v < packs; ++v) acc[r][v] = _mm512_setzero_ps();
+  // A(row + r, p) and B[p][col] advance by a pair's stride each step.
   const std::uint32_t* a = x.a + std::ptrdiff_t(row) * x.a_row_stride;
   const std::uint32_t* b = x.b + col;
-  for (int p = 0; p < x.pairs; ++p) {
+  const std::ptrdiff_t a_row_stride = x.a_row_stride, a_pair_stride = x.a_pair_stride, ldb = x.ldb;
+  for (int p = x.pairs; p > 0; --p, a += a_pair_stride, b += ldb) {
     __m512bh b_p[packs];
-    for (int v = 0; v < packs; ++v)
-      b_p[v] = (__m512bh)_mm512_maskz_loadu_epi32(mask[v], b + std::ptrdiff_t(p) * x.ldb + v * lanes);
+#pragma GCC unroll 4
+    for (int v = 0; v < packs; ++v) b_p[v] = (__m512bh)_mm512_maskz_loadu_epi32(mask[v], b + v * lanes);
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
-      const __m512bh a_rp = (__m512bh)_mm512_set1_epi32(int(a[std::ptrdiff_t(r) * x.a_row_stride + std::ptrdiff_t(p) * x.a_pair_stride]));
+      const __m512bh a_rp = (__m512bh)_mm512_set1_epi32(int(a[r * a_row_stride]));
+#pragma GCC unroll 4
       for (int v = 0; v < packs; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], a_rp, b_p[v]);
     }
   }
   const __m512 alpha = _mm512_set1_ps(x.alpha);
+#pragma GCC unroll 4
   for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
     for (int v = 0; v < packs; ++v) {
       float* c = x.c + std::ptrdiff_t(row + r) * x.ldc + col + v * lanes;
       const __m512 before = x.accumulate ? _mm512_maskz_loadu_ps(mask[v], c) : _mm512_setzero_ps();
