@@ -137,8 +137,9 @@ void BM_GemmGrid(benchmark::State& state) {
 }
 
 // One block product of the attention kernels on bf16 pairs (detail/bf16_pair_product.hpp) on
-// one core, on the dot products (the tile products off): C (rows x cols) = A (rows x pairs
-// pairs) B, 4 rows cols pairs FLOPs; operands and C (32-56 KiB) stay in cache as in the kernels.
+// one core, on the dot products (the tile products off): C (rows x cols) = A (rows x pairs) B
+// (pairs x cols), 4 rows cols pairs FLOPs; operands and C (32-56 KiB) stay in cache as in the
+// kernels.
 // fraction_of_peak divides by the instruction's peak: the FMA peak times
 // bf16_dot_product_speedup(). Args: {rows, cols, pairs, A's pairs (0: along its rows, as K's
 // and dO's; 1: down its columns, as V's)}.
