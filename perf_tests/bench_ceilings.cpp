@@ -2,14 +2,22 @@
 // longattn::gemm (Kokkos Kernels -> OpenBLAS) at several sizes on one BLAS thread and on all;
 // gemm of bfloat16 A and B against sgemm at the same shapes (the trainer's among them), on the
 // CPU's bf16 dot products and on float copies; and the attention kernels' block products on
-// bf16 pairs against the dot-product instruction's peak.
+// bf16 pairs against the peak of the instruction they run on (dot products, or AMX tile products).
 //
 // sgemm n x n x n does 2 n^3 FLOPs and must move at least 3 n^2 floats (12 n^2 bytes); from
 // n = 256 on it is compute-bound on this CPU (arithmetic intensity n/6 FLOP/byte).
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <iterator>
 #include <vector>
+
+#include "longattn/core/detail/amx_tile_config.hpp"
+#ifdef LONGATTN_AMX_TILE_CONFIG
+#include <immintrin.h>
+#define LONGATTN_BENCH_AMX __attribute__((target("amx-tile,amx-bf16")))
+#endif
 
 #include "longattn/core/bf16_dot_products.hpp"
 #include "longattn/core/blas.hpp"
@@ -22,8 +30,40 @@ namespace {
 
 using Host = Kokkos::DefaultHostExecutionSpace;
 
-// Measured once per process, before the benchmarks: the denominator of "fraction_of_peak".
+// Measured once per process, before the benchmarks: the denominators of "fraction_of_peak".
 double fma_peak_gflops_one_core = 0;
+double tile_peak_gflops_one_core = 0;  // 0 where the CPU has no AMX-BF16 for this process
+
+#ifdef LONGATTN_BENCH_AMX
+// tdpbf16ps's peak on one core: 4 independent 16 x 16 float accumulators (tiles 0-3) on operand
+// tiles that stay loaded (4-7), 16384 FLOPs an instruction, `rounds` rounds of 4.
+LONGATTN_BENCH_AMX double measure_tile_peak_gflops(int rounds) {
+  alignas(64) std::uint32_t operand[16 * 16];
+  std::fill(std::begin(operand), std::end(operand), 0x3f803f80u);  // pairs of 1.0: finite sums
+  alignas(64) float result[16 * 16];
+  longattn::detail::load_amx_tile_config(longattn::detail::amx_tile_config(8, 16, 64));
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  _tile_loadd(4, operand, 64);
+  _tile_loadd(5, operand, 64);
+  _tile_loadd(6, operand, 64);
+  _tile_loadd(7, operand, 64);
+  Kokkos::Timer timer;
+  for (int i = 0; i < rounds; ++i) {
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+  }
+  _tile_stored(0, result, 64);  // waits for the last round
+  const double seconds = timer.seconds();
+  _tile_release();
+  benchmark::DoNotOptimize(result);
+  return 4.0 * 16384.0 * rounds / seconds * 1e-9;
+}
+#endif
 
 template <class ExecSpace>
 void BM_FmaPeak(benchmark::State& state) {
@@ -137,15 +177,18 @@ void BM_GemmGrid(benchmark::State& state) {
 }
 
 // One block product of the attention kernels on bf16 pairs (detail/bf16_pair_product.hpp) on
-// one core, on the dot products (the tile products off): C (rows x cols) = A (rows x pairs) B
-// (pairs x cols), 4 rows cols pairs FLOPs; operands and C (32-56 KiB) stay in cache as in the
-// kernels.
-// fraction_of_peak divides by the instruction's peak: the FMA peak times
-// bf16_dot_product_speedup(). Args: {rows, cols, pairs, A's pairs (0: along its rows, as K's
-// and dO's; 1: down its columns, as V's)}.
+// one core: C (rows x cols) = [C +] alpha A (rows x pairs) B (pairs x cols), 4 rows cols pairs
+// FLOPs; operands and C (32-56 KiB) stay in cache as in the kernels.
+// fraction_of_peak divides by the instruction's peak: for dot products the FMA peak times
+// bf16_dot_product_speedup(), for tile products tdpbf16ps's (measure_tile_peak_gflops). Args:
+// {rows, cols, pairs, A's pairs (0: along its rows, as K's and dO's; 1: down its columns, as
+// V's), products (0: dot, 1: tile), C (0: alpha 1/8 and not added to, as S; 1: alpha 1, added
+// to, as O)}.
 void BM_Bf16PairProduct(benchmark::State& state) {
-  if (!longattn::bf16_dot_products_available()) {
-    state.SkipWithError("this CPU has no bf16 dot products (AVX512-BF16)");
+  const bool tiles = state.range(4) == 1;
+  if (tiles ? tile_peak_gflops_one_core == 0 : !longattn::bf16_dot_products_available()) {
+    state.SkipWithError(tiles ? "this CPU has no AMX-BF16 tile products for this process"
+                              : "this CPU has no bf16 dot products (AVX512-BF16)");
     return;
   }
   const int rows = int(state.range(0)), cols = int(state.range(1)), pairs = int(state.range(2));
@@ -164,10 +207,10 @@ void BM_Bf16PairProduct(benchmark::State& state) {
   product.rows = rows;
   product.cols = cols;
   product.pairs = pairs;
-  product.alpha = 1.0f;
-  product.accumulate = true;
+  product.alpha = state.range(5) == 1 ? 1.0f : 0.125f;
+  product.accumulate = state.range(5) == 1;
   const bool tiles_before = longattn::bf16_tile_products_in_use();
-  longattn::use_bf16_tile_products(false);
+  longattn::use_bf16_tile_products(tiles);
   longattn::detail::bf16_pair_product(product, 0, rows);  // warm-up: caches
   Kokkos::Timer timer;
   for (auto _ : state) {
@@ -177,9 +220,9 @@ void BM_Bf16PairProduct(benchmark::State& state) {
   const double seconds = timer.seconds();
   longattn::use_bf16_tile_products(tiles_before);
   const double flops = 4.0 * rows * double(cols) * pairs * double(state.iterations());
+  const double peak = tiles ? tile_peak_gflops_one_core : fma_peak_gflops_one_core * longattn::bf16_dot_product_speedup();
   state.counters["FLOP/s"] = benchmark::Counter(flops, benchmark::Counter::kIsRate);
-  state.counters["fraction_of_peak"] =
-      flops / seconds * 1e-9 / (fma_peak_gflops_one_core * longattn::bf16_dot_product_speedup());
+  state.counters["fraction_of_peak"] = flops / seconds * 1e-9 / peak;
 }
 
 }  // namespace
@@ -203,10 +246,12 @@ BENCHMARK_TEMPLATE(BM_Gemm, Host)
     ->ArgsProduct({{2048}, {512}, {128}, {1}, {0, 1, 2}})
     ->UseRealTime()->Unit(benchmark::kMillisecond);
 
-// The forward pass's products at L = 64: S = K Q^T at D 64 and 128 (pairs along K's rows), then
-// O += V^T P (V's pairs down its columns).
+// The forward pass's products at L = 64 on each kind of product: S = K Q^T at D 64 and 128
+// (pairs along K's rows, scaled, not added to), then O += V^T P at D 64 and 128 (V's pairs down
+// its columns).
 BENCHMARK(BM_Bf16PairProduct)
-    ->Args({64, 64, 32, 0})->Args({64, 64, 64, 0})->Args({64, 64, 32, 1})->Args({128, 64, 32, 1})
+    ->ArgsProduct({{64}, {64}, {32, 64}, {0}, {0, 1}, {0}})
+    ->ArgsProduct({{64, 128}, {64}, {32}, {1}, {0, 1}, {1}})
     ->UseRealTime()->Unit(benchmark::kMicrosecond);
 
 BENCHMARK(BM_GemmGrid)
@@ -219,6 +264,14 @@ int main(int argc, char* argv[]) {
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   fma_peak_gflops_one_core = longattn::measure_fma_peak(Kokkos::Serial(), 0.3).gflops();
   benchmark::AddCustomContext("fp32_fma_peak_one_core_gflops", std::to_string(fma_peak_gflops_one_core));
+#ifdef LONGATTN_BENCH_AMX
+  if (longattn::bf16_tile_products_available()) {  // which asks Linux for the tile registers
+    // The best of 8: single probes on a shared 2-core guest ranged from 0.95 to 2.2 TFLOP/s.
+    for (int probe = 0; probe < 8; ++probe)
+      tile_peak_gflops_one_core = std::max(tile_peak_gflops_one_core, measure_tile_peak_gflops(1 << 18));
+    benchmark::AddCustomContext("bf16_tile_peak_one_core_gflops", std::to_string(tile_peak_gflops_one_core));
+  }
+#endif
   benchmark::AddCustomContext("blas_kernels", longattn::blas_runtime().kernels);
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();

@@ -4,6 +4,7 @@
 // carry a target attribute, so this file needs no -mamx flags; they run only after the CPU
 // check and the OS's grant of the tile registers.
 #include "longattn/core/bf16_dot_products.hpp"
+#include "longattn/core/detail/amx_tile_config.hpp"
 #include "longattn/core/detail/bf16_pair_product.hpp"
 
 #include <algorithm>
@@ -90,21 +91,11 @@ constexpr int tile = 16;
 constexpr int block = 2 * tile;
 constexpr int tile_row_bytes = 64;
 
-struct alignas(64) TileConfig {
-  std::uint8_t palette = 1, start_row = 0, reserved[14] = {};
-  std::uint16_t bytes_per_row[16] = {};
-  std::uint8_t rows[16] = {};
-};
-
-// Tiles 0-7 as 16 rows of 64 bytes.
-LONGATTN_AMX_BF16 void configure_tiles() {
-  TileConfig config;
-  for (int t = 0; t < 8; ++t) {
-    config.bytes_per_row[t] = tile_row_bytes;
-    config.rows[t] = tile;
-  }
-  _tile_loadconfig(&config);
-}
+// Tiles 0-7 as 16 rows of 64 bytes, at every call: other code on the thread (oneDNN under
+// PyTorch, say) may have configured them otherwise. Keeping them configured between calls (the
+// configuration in force read back, loaded where it differed) measured no faster on a Sapphire
+// Rapids guest (perf_tests/RESULTS.md, 2026-12-02, evening).
+LONGATTN_AMX_BF16 void configure_tiles() { load_amx_tile_config(amx_tile_config(8, tile, tile_row_bytes)); }
 
 // Transposes 16 x 16 words: on return, v[i] holds what was column i of v[0..15].
 LONGATTN_AMX_BF16 void transpose_16x16(__m512i (&v)[16]) {

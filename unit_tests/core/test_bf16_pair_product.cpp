@@ -5,6 +5,8 @@
 // (the tile kernel then keeps whole blocks of C in its tiles) or not, accumulation or not, and a
 // part of the rows as a team's thread takes it. The operands' padding holds
 // NaN, so that a read past the operands shows in C; C outside the rows and columns must not change.
+// The tile products also run after other code on the thread configured the tiles otherwise or
+// released them.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -13,9 +15,14 @@
 #include <vector>
 
 #include "bf16_dot_products.hpp"
+#include "longattn/core/detail/amx_tile_config.hpp"
 #include "longattn/core/detail/bf16_pair_product.hpp"
 #include "longattn/core/half.hpp"
 #include "reference/random.hpp"
+
+#ifdef LONGATTN_AMX_TILE_CONFIG
+#include <immintrin.h>
+#endif
 
 namespace {
 
@@ -85,7 +92,34 @@ void check(const Case& x, std::mt19937_64& rng) {
   CHECK(changed == 0);
 }
 
+#ifdef LONGATTN_AMX_TILE_CONFIG
+__attribute__((target("amx-tile"))) void release_tiles() { _tile_release(); }
+#endif
+
 }  // namespace
+
+TEST_CASE("the bf16 tile products run after other code configured the tiles otherwise or released them",
+          "[core][attention][half]") {
+#ifdef LONGATTN_AMX_TILE_CONFIG
+  if (!longattn::test::available(Bf16Path::tile_products)) {
+    WARN("SKIP: " << longattn::test::missing(Bf16Path::tile_products));
+    return;
+  }
+  std::mt19937_64 rng(longattn::test::test_seed());
+  const longattn::test::Bf16Products use(Bf16Path::tile_products);
+  for (bool released : {false, true})
+    for (bool down_columns : {false, true})
+      for (float alpha : {1.0f, -0.375f}) {
+        INFO((released ? "tiles released" : "tiles configured as 8 rows of 32 bytes") << " before the product");
+        check({45, 70, 33, down_columns, alpha, true, 0, 45}, rng);  // configures the tiles as the kernel wants
+        // What another AMX user might leave on the thread: no tiles, or 8 tiles of 8 rows of 32 bytes.
+        released ? release_tiles() : longattn::detail::load_amx_tile_config(longattn::detail::amx_tile_config(8, 8, 32));
+        check({45, 70, 33, down_columns, alpha, true, 0, 45}, rng);
+      }
+#else
+  WARN("SKIP: no AMX intrinsics in this compiler's build of the tests");
+#endif
+}
 
 TEST_CASE("the bf16 block products match the double reference on every path the CPU has",
           "[core][attention][half]") {
