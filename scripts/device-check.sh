@@ -8,12 +8,14 @@
 #       it has) into one archive, default build/device-bundle.tar.xz (carry it with the call); with
 #       them the Python package's CUDA module, built for the GPU machine's Python 3.12
 #       ($LONGATTN_DEVICE_PYTHON, default python3.12 on PATH or pyenv's 3.12; nanobind from PyPI)
-#   scripts/device-check.sh run [bundle.tar.xz] [kernels|tests|all]   on the GPU machine; writes
+#   scripts/device-check.sh run [bundle.tar.xz] [kernels|tests|train|all]   on the GPU machine; writes
 #       under $OUT (default build/device-out) summary.txt and device-check.tar.gz, which holds
 #       gpu.txt, resources.txt, *.log, *.xml (JUnit), sdpa.json, ceilings.json, train_*.json and
 #       summary.txt. `kernels` runs steps 1-3 (they took 4 minutes on an H100, 2026-11-27),
-#       `tests` steps 1, 4, 5 and 6 (steps 1 and 4 took 1 minute; 5 and the 1M-token run of 6 have
-#       not run yet), `all` (the default) every step; $OUT keeps what finished if a call is cut.
+#       `tests` steps 1, 4 and 5 (steps 1 and 4 took 1 minute; 5 has not run yet), `train` steps 1
+#       and 6 (not run yet in this form), `all` (the default) every step: a call runs 10 minutes
+#       at most, so a lent GPU's 15 take `kernels`, `tests` and `train` as three calls, in the
+#       order that serves the open issues; $OUT keeps what finished if a call is cut.
 #
 # run, each step with its own time limit, going on after a failure and saying which failed:
 #   1. the GPU (nvidia-smi) and the tensor-core kernels' registers, stack and spills
@@ -34,7 +36,9 @@
 #      layers, E 1024, 16 heads) at context 4096 (GELU after the matmul, then in cuBLASLt's
 #      epilogue: LONGATTN_CUBLASLT_GELU=1) and the same beside PyTorch from the same weights
 #      and batches (perf_tests/reference_train.py: losses and tokens/s), and the default model on one
-#      sequence of 1,048,576 tokens (dilated attention, full recomputation)
+#      sequence of 1,048,576 tokens (rotary positions, dilated attention across the whole sequence,
+#      full recomputation); issue 47's targets read from the runs' JSON by
+#      perf_tests/check_train_run.py (the 1M run's loss falls; memory within 10% of the planner's)
 # It exits 0 when every step passed, 1 otherwise, 2 without a GPU.
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -122,7 +126,14 @@ deliver() {
   cp "$out/summary.txt" "$dest/summary.txt"
 }
 
+# runs PART: whether this call's steps ($3: kernels, tests, train or all) include PART.
+runs() { [ "$steps" = all ] || [ "$steps" = "$1" ]; }
+
 run() {
+  case "$steps" in
+    kernels | tests | train | all) ;;
+    *) echo "device-check: run's third argument is '$steps'; expected kernels, tests, train or all" >&2; exit 2 ;;
+  esac
   dest=${OUT:-$root/build/device-out}
   out=$(mktemp -d)
   mkdir -p "$dest"
@@ -159,7 +170,7 @@ EOF
   #    compute-sanitizer (small sizes). Template test cases over the execution spaces end in " - 1"
   #    for Kokkos::Cuda (Serial is " - 0"; over the tensor-core targets, " - Targets - 1" and
   #    " - Targets - 0"). --warn NoTests: a filter that matches nothing fails.
-  if [ "$steps" != tests ]; then
+  if runs kernels; then
     step core_tensor_cores 90 "$bin/longattn_core_tests" --warn NoTests "[tensor_cores]" -r junit \
       -o "$out/core_tensor_cores.xml"
     local gpu_cases="tensor-core attention matches the double reference - Targets - 1,tensor-core attention: the warpgroup programs (wgmma) match the double reference - Targets - 1"
@@ -191,7 +202,7 @@ EOF
   fi
 
   # 4. Every other test on Kokkos::Cuda: core's cases, memory, and at one MPI rank parallel and train.
-  if [ "$steps" != kernels ]; then
+  if runs tests; then
     step core_cuda 120 "$bin/longattn_core_tests" --warn NoTests "* - 1" -r junit -o "$out/core_cuda.xml"
     step memory 30 "$bin/longattn_memory_tests" -r junit -o "$out/memory.xml"
     step parallel_np1 45 "$bin/longattn_parallel_tests" --warn NoTests "* - 1" -r junit -o "$out/parallel_np1.xml"
@@ -202,7 +213,7 @@ EOF
   fi
 
   # 5. Several ranks on the one GPU, through the staged transport (chosen: the ranks share it).
-  if [ "$steps" != kernels ]; then
+  if runs tests; then
     # A collective that does not finish in 40 s ends its rank with an error (the watchdog) rather
     # than the step's limit ending a hang.
     local mpi=(mpiexec --oversubscribe -x LD_LIBRARY_PATH -x OPAL_PREFIX -x OMPI_MCA_mca_base_component_path
@@ -219,12 +230,13 @@ EOF
   fi
 
   # 6. Training steps in bf16 on the GPU (MFU against the datasheet's dense bf16 989 TFLOP/s).
-  if [ "$steps" != kernels ]; then
+  if runs train; then
     step train_default 60 "$bin/longattn-train" --precision bf16 --steps 20 --peak-gflops 989000 \
       --json "$out/train_default.json"
     step train_350m 150 "$bin/longattn-train" --precision bf16 --model 350m \
       --context 4096 --batch 8 --steps 5 --eval-every 0 --eval-batches 1 --warmup 2 --peak-gflops 989000 \
       --task long_range --json "$out/train_350m.json"
+    step train_350m_memory 10 python3 "$root/perf_tests/check_train_run.py" "$out/train_350m.json" --memory-within 0.10
     # The same with GELU and its derivative in cuBLASLt's epilogues (linear.hpp; off by default
     # until this pair of runs says which is faster): step times beside train_350m's.
     step train_350m_gelu_epilogue 90 env LONGATTN_CUBLASLT_GELU=1 "$bin/longattn-train" --precision bf16 \
@@ -235,11 +247,17 @@ EOF
     step reference_350m 200 python3 "$root/perf_tests/reference_train.py" --device cuda --precision bf16 \
       --program "$bin/longattn-train" --bench "$bin/longattn_bench_attention" --layers 24 --embed 1024 --heads 16 \
       --context 4096 --batch 8 --steps 5 --json "$out/reference_350m.json"
-    # A million tokens in one sequence: LongNet dilated attention, full recomputation (the loss
-    # must fall; memory beside the planner's prediction in the JSON).
-    step train_1m 150 "$bin/longattn-train" --precision bf16 --task long_range --context 1048576 --batch 1 \
-      --attention "dilated:w=2048,8192,32768;r=1,4,16" --recompute full --steps 6 --warmup 1 --eval-every 0 \
-      --eval-batches 1 --peak-gflops 989000 --json "$out/train_1m.json"
+    # A million tokens in one sequence, full recomputation. Rotary positions: learned ones would be
+    # 268M of the model's parameters. LongNet's segments 2048 x 4^k up to the whole sequence (each
+    # branch 2048 keys a query), so the queries at the end can reach the pairs at the start. 64 pairs
+    # and 64 queries: the loss counts the answers, and with one a step it is one token's loss, noise
+    # (on a CPU at 64K: 5.53 -> 6.09 over 6 steps; with 64, 5.75 -> 3.80 by step 5).
+    step train_1m 240 "$bin/longattn-train" --precision bf16 --task long_range --pairs 64 --queries 64 \
+      --context 1048576 --batch 1 --positions rotary \
+      --attention "dilated:w=2048,8192,32768,131072,524288,1048576;r=1,4,16,64,256,512" --recompute full \
+      --steps 8 --warmup 1 --eval-every 0 --eval-batches 1 --peak-gflops 989000 --json "$out/train_1m.json"
+    step train_1m_targets 10 python3 "$root/perf_tests/check_train_run.py" "$out/train_1m.json" \
+      --loss-falls 0.5 --memory-within 0.10
   fi
 
   echo "== summary"
