@@ -116,6 +116,14 @@ struct Pack {
   // a * b + c; GCC and Clang contract it to one FMA instruction.
   friend Pack fma(Pack a, Pack b, Pack c) { return {a.v * b.v + c.v}; }
   friend Pack fma(T a, Pack b, Pack c) { return {a * b.v + c.v}; }
+  // x, which the compiler must then hold in a register (an empty asm that may change it): it
+  // cannot fold the load of x into every instruction that reads it.
+  friend Pack in_register(Pack x) {
+#if defined(__x86_64__) || defined(__i386__)
+    asm("" : "+v"(x.v));
+#endif
+    return x;
+  }
   friend Pack max(Pack a, Pack b) { return {a.v < b.v ? b.v : a.v}; }
   // Lane-wise: x < bound ? y : x.
   friend Pack select_less(Pack x, T bound, Pack y) { return {x.v < bound ? y.v : x.v}; }
@@ -185,6 +193,7 @@ struct Pack {
   LONGATTN_PACK_LANEWISE(operator/(Pack a, Pack b), a.v[l] / b.v[l])
   LONGATTN_PACK_LANEWISE(fma(Pack a, Pack b, Pack c), a.v[l] * b.v[l] + c.v[l])
   LONGATTN_PACK_LANEWISE(fma(T a, Pack b, Pack c), a * b.v[l] + c.v[l])
+  KOKKOS_INLINE_FUNCTION friend Pack in_register(Pack x) { return x; }
   LONGATTN_PACK_LANEWISE(max(Pack a, Pack b), a.v[l] < b.v[l] ? b.v[l] : a.v[l])
   LONGATTN_PACK_LANEWISE(select_less(Pack x, T bound, Pack y), x.v[l] < bound ? y.v[l] : x.v[l])
   LONGATTN_PACK_LANEWISE(select_equal(Pack x, T value, Pack y), x.v[l] == value ? y.v[l] : x.v[l])
