@@ -1,8 +1,9 @@
 // The machine's ceilings as benchmarks: FP32 FMA peak per execution space, and sgemm through
 // longattn::gemm (Kokkos Kernels -> OpenBLAS) at several sizes on one BLAS thread and on all;
 // gemm of bfloat16 A and B against sgemm at the same shapes (the trainer's among them), on the
-// CPU's bf16 dot products and on float copies; and the attention kernels' block products on
-// bf16 pairs against the peak of the instruction they run on (dot products, or AMX tile products).
+// CPU's bf16 dot products and on float copies; and the attention kernels' block products, on
+// floats against the FMA peak and on bf16 pairs against the peak of the instruction they run on
+// (dot products, or AMX tile products).
 //
 // sgemm n x n x n does 2 n^3 FLOPs and must move at least 3 n^2 floats (12 n^2 bytes); from
 // n = 256 on it is compute-bound on this CPU (arithmetic intensity n/6 FLOP/byte).
@@ -24,7 +25,9 @@
 #include "longattn/core/ceilings.hpp"
 #include "longattn/core/runtime.hpp"
 #include "longattn/core/gemm.hpp"
+#include "longattn/core/attention_tiles.hpp"
 #include "longattn/core/detail/bf16_pair_product.hpp"
+#include "longattn/core/detail/tile_mma.hpp"
 
 namespace {
 
@@ -176,6 +179,43 @@ void BM_GemmGrid(benchmark::State& state) {
   run_gemm<Host>(state, int(state.range(0)), int(state.range(1)), int(state.range(2)), 0, operands);
 }
 
+// The float attention kernels' block products on one core, through their micro-kernel
+// (detail::tile_mma in the host's tile shape, SimdTiles): C (rows x cols) = [C +] A (rows x depth)
+// B (depth x cols), 2 rows cols depth FLOPs, operands and C (32-80 KiB) in cache as in the
+// kernels. fraction_of_peak divides by the FMA peak. Args: {rows, cols, depth, A's depth (0:
+// along its rows, as K's in S = K Q^T; 1: down its columns, as V's in O += V^T P), C added to
+// (0 as S, 1 as O)}.
+void BM_FloatBlockProduct(benchmark::State& state) {
+  using Shape = longattn::SimdTiles::shape<float>;
+  using Policy = Kokkos::TeamPolicy<Kokkos::Serial>;
+  const int rows = int(state.range(0)), cols = int(state.range(1)), depth = int(state.range(2));
+  const bool depth_down_columns = state.range(3) == 1, accumulate = state.range(4) == 1;
+  Kokkos::View<float*, Kokkos::HostSpace> a("a", std::size_t(rows) * depth), b("b", std::size_t(depth) * cols),
+      c("c", std::size_t(rows) * cols);
+  // Near 1/depth: C stays finite however often it is added to.
+  Kokkos::deep_copy(a, 1.0f / float(depth));
+  Kokkos::deep_copy(b, 0.5f);
+  const int a_row_stride = depth_down_columns ? 1 : depth, a_depth_stride = depth_down_columns ? rows : 1;
+  constexpr int products_per_launch = 64;  // a launch's cost stays under 1% of its products'
+  const auto run = [=](int products) {
+    Kokkos::parallel_for(Policy(Kokkos::Serial(), 1, 1), [=](const Policy::member_type& team) {
+      for (int p = 0; p < products; ++p)
+        longattn::detail::tile_mma<Shape>(team, rows, cols, depth, a.data(), a_row_stride, a_depth_stride, b.data(),
+                                          cols, c.data(), cols, accumulate);
+    });
+  };
+  run(1);  // warm-up: caches
+  Kokkos::Timer timer;
+  for (auto _ : state) {
+    run(products_per_launch);
+    benchmark::DoNotOptimize(c.data());
+  }
+  const double seconds = timer.seconds();
+  const double flops = 2.0 * rows * double(cols) * depth * products_per_launch * double(state.iterations());
+  state.counters["FLOP/s"] = benchmark::Counter(flops, benchmark::Counter::kIsRate);
+  state.counters["fraction_of_peak"] = flops / seconds * 1e-9 / fma_peak_gflops_one_core;
+}
+
 // One block product of the attention kernels on bf16 pairs (detail/bf16_pair_product.hpp) on
 // one core: C (rows x cols) = [C +] alpha A (rows x pairs) B (pairs x cols), 4 rows cols pairs
 // FLOPs; operands and C (32-56 KiB) stay in cache as in the kernels.
@@ -246,6 +286,12 @@ BENCHMARK_TEMPLATE(BM_Gemm, Host)
     ->ArgsProduct({{2048}, {512}, {128}, {1}, {0, 1, 2}})
     ->UseRealTime()->Unit(benchmark::kMillisecond);
 
+// The forward pass's products at L = 64: S = K Q^T at D 64 and 128 (K along its rows, not added
+// to), then O += V^T P at D 64 and 128 (V down its columns).
+BENCHMARK(BM_FloatBlockProduct)
+    ->ArgsProduct({{64}, {64}, {64, 128}, {0}, {0}})
+    ->ArgsProduct({{64, 128}, {64}, {64}, {1}, {1}})
+    ->UseRealTime()->Unit(benchmark::kMicrosecond);
 // The forward pass's products at L = 64 on each kind of product: S = K Q^T at D 64 and 128
 // (pairs along K's rows, scaled, not added to), then O += V^T P at D 64 and 128 (V's pairs down
 // its columns).
