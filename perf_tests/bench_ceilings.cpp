@@ -196,7 +196,7 @@ void BM_FloatBlockProduct(benchmark::State& state) {
   Kokkos::deep_copy(a, 1.0f / float(depth));
   Kokkos::deep_copy(b, 0.5f);
   const int a_row_stride = depth_down_columns ? 1 : depth, a_depth_stride = depth_down_columns ? rows : 1;
-  constexpr int products_per_launch = 64;  // a launch's cost stays under 1% of its products'
+  constexpr int products_per_launch = 64;  // one launch's overhead spread over many products
   const auto run = [=](int products) {
     Kokkos::parallel_for(Policy(Kokkos::Serial(), 1, 1), [=](const Policy::member_type& team) {
       for (int p = 0; p < products; ++p)
@@ -292,6 +292,7 @@ BENCHMARK(BM_FloatBlockProduct)
     ->ArgsProduct({{64}, {64}, {64, 128}, {0}, {0}})
     ->ArgsProduct({{64, 128}, {64}, {64}, {1}, {1}})
     ->UseRealTime()->Unit(benchmark::kMicrosecond);
+
 // The forward pass's products at L = 64 on each kind of product: S = K Q^T at D 64 and 128
 // (pairs along K's rows, scaled, not added to), then O += V^T P at D 64 and 128 (V's pairs down
 // its columns).
