@@ -117,10 +117,12 @@ struct Pack {
   friend Pack fma(Pack a, Pack b, Pack c) { return {a.v * b.v + c.v}; }
   friend Pack fma(T a, Pack b, Pack c) { return {a * b.v + c.v}; }
   // x, which the compiler must then hold in a register (an empty asm that may change it): it
-  // cannot fold the load of x into every instruction that reads it.
+  // cannot fold the load of x into every instruction that reads it. Only a pack that is one
+  // vector register: one scalar (the GPU's tile shapes run on the host) or several registers
+  // have none to name.
   friend Pack in_register(Pack x) {
 #if defined(__x86_64__) || defined(__i386__)
-    asm("" : "+v"(x.v));
+    if constexpr (sizeof(Native) >= 16 && sizeof(Native) <= host_simd_bytes) asm("" : "+v"(x.v));
 #endif
     return x;
   }
