@@ -22,7 +22,7 @@ KOKKOS_INLINE_FUNCTION void micro_tile_mma(int depth, const T* a, int a_row_stri
   for (int k = 0; k < depth; ++k) {
     // Each B pack is loaded once and read R times. Left to itself, GCC 12 with AVX2 tuning folds
     // the load into each of the R FMAs instead: the 2 x 4 tile then issues 10 loads per 8 FMAs,
-    // not 6, and the attention kernels ran 1.16-1.26x slower on a Zen 3 core (RESULTS.md).
+    // not 6, and the attention kernels ran 1.18-1.25x slower on a Zen 3 core (RESULTS.md).
     P b_k[V];
     LONGATTN_UNROLL for (int v = 0; v < V; ++v) b_k[v] = in_register(P::load(b + k * ldb + v * W));
     LONGATTN_UNROLL for (int r = 0; r < R; ++r) {
