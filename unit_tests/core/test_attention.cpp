@@ -6,10 +6,13 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "bf16_dot_products.hpp"
 #include "execution_spaces.hpp"
@@ -1036,4 +1039,62 @@ void check_exp2_lanes() {
 TEST_CASE("the kernels' exp2 is within 2.5e-7 of exp2, 0 below -151, NaN for NaN", "[core][attention]") {
   check_exp2_lanes<longattn::detail::host_simd_bytes / 4>();
   check_exp2_lanes<1>();
+}
+
+// The bf16 path's rounding of float lanes (detail/pack.hpp), both ways, against bfloat16(float)
+// lane by lane: random bit patterns (every exponent, NaN, infinity, subnormals), ties to even
+// and odd, and the limits. AVX512-BF16's instruction (compiled into 16-lane float packs) takes
+// subnormal inputs as zero of their sign; elsewhere both ways are the integer rounding.
+template <int W>
+void check_bf16_rounding(longattn::detail::Bf16Rounding rounding) {
+  using P = longattn::detail::Pack<float, W>;
+  bool by_instruction = false;
+#ifdef LONGATTN_AVX512_PACKS
+  by_instruction = W == 16 && rounding == longattn::detail::Bf16Rounding::avx512_bf16;
+#endif
+  auto expected = [&](std::uint32_t bits) -> std::uint32_t {
+    const bool subnormal = (bits & 0x7f800000u) == 0 && (bits & 0x7fffffu) != 0;
+    if (by_instruction && subnormal) return (bits >> 16) & 0x8000u;
+    float x;
+    std::memcpy(&x, &bits, sizeof x);
+    return longattn::detail::bfloat16_bits(x);
+  };
+  std::vector<std::uint32_t> inputs = {0x00000000u, 0x80000000u, 0x7f800000u, 0xff800000u, 0x7f7fffffu, 0xff7fffffu,
+                                       0x00800000u, 0x007fffffu, 0x80000001u, 0x7fc00000u, 0x7f800001u, 0xffa00000u,
+                                       0x3f808000u, 0x3f818000u, 0x3f807fffu, 0x3f808001u, 0x3f800000u, 0x7f7f8000u};
+  std::mt19937 random(20261204);
+  for (int n = 0; n < (1 << 18); ++n) inputs.push_back(std::uint32_t(random()));
+  for (int n = 0; n < (1 << 14); ++n) inputs.push_back((std::uint32_t(random()) & 0xffff0000u) | 0x8000u);  // ties
+  while (inputs.size() % (2 * W) != 0) inputs.push_back(0x3f800000u);
+
+  std::vector<float> values(inputs.size());
+  std::memcpy(values.data(), inputs.data(), inputs.size() * sizeof(float));
+  std::uint32_t pairs[W], in_order[W];
+  int wrong = 0;
+  for (std::size_t first = 0; first < inputs.size(); first += 2 * W) {
+    const P a = P::load(values.data() + first), b = P::load(values.data() + first + W);
+    store_bf16_pairs(a, b, pairs, rounding);
+    store_bf16_in_order(a, b, in_order, rounding);
+    for (int l = 0; l < W; ++l) {
+      const std::uint32_t pair = expected(inputs[first + l]) | expected(inputs[first + W + l]) << 16;
+      const std::uint32_t ordered = expected(inputs[first + 2 * l]) | expected(inputs[first + 2 * l + 1]) << 16;
+      if ((pairs[l] != pair || in_order[l] != ordered) && ++wrong <= 5)
+        FAIL_CHECK("lanes " << W << ", inputs 0x" << std::hex << inputs[first + l] << ", 0x" << inputs[first + W + l]
+                            << ", 0x" << inputs[first + 2 * l] << ", 0x" << inputs[first + 2 * l + 1] << ": pair 0x"
+                            << pairs[l] << " (expected 0x" << pair << "), in order 0x" << in_order[l] << " (expected 0x"
+                            << ordered << ")");
+    }
+  }
+  CHECK(wrong == 0);
+}
+
+TEST_CASE("the bf16 path rounds float to bf16 as bfloat16(float), in integers and by AVX512-BF16", "[core][attention]") {
+  using longattn::detail::Bf16Rounding;
+  constexpr int W = longattn::detail::host_simd_bytes / 4;
+  check_bf16_rounding<W>(Bf16Rounding::integer);
+  check_bf16_rounding<1>(Bf16Rounding::integer);
+  if (longattn::bf16_dot_products_available())
+    check_bf16_rounding<W>(Bf16Rounding::avx512_bf16);
+  else
+    WARN("SKIP: the rounding by AVX512-BF16's instruction needs a CPU with it (this CPU or build has none)");
 }

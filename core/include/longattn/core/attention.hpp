@@ -421,10 +421,12 @@ void check_blocks(const char* where, const Blocks& blocks, const AttentionGeomet
 }
 
 // Whether a kernel takes the bf16 path (attention_kernels.hpp): compiled for its types, and the
-// CPU's bf16 tile or dot products in use (bf16_dot_products.hpp).
+// CPU's bf16 tile or dot products in use (bf16_dot_products.hpp); it rounds to bf16 by
+// AVX512-BF16's instruction where the CPU has it (the dot products' instruction set).
 template <class Kernel>
-bool bf16_products(const Kernel&) {
-  return Kernel::bf16_compiled && (bf16_tile_products_in_use() || bf16_dot_products_in_use());
+void choose_bf16_path(Kernel& kernel) {
+  kernel.bf16_products = Kernel::bf16_compiled && (bf16_tile_products_in_use() || bf16_dot_products_in_use());
+  kernel.bf16_rounding = bf16_dot_products_available() ? detail::Bf16Rounding::avx512_bf16 : detail::Bf16Rounding::integer;
 }
 
 // Runs a team kernel in teams of its tile configuration's size, with its scratch in level 0
@@ -585,7 +587,7 @@ void AttentionKernels<ExecSpace, S, Pattern, Tiles>::forward(const Context& cont
                                                      T(opts.output_scale),
                                                      opts.accumulate_output,
                                                      0};
-  kernel.bf16_products = bf16_products(kernel);
+  choose_bf16_path(kernel);
   run_team_kernel("longattn::attention_forward", context.exec(), kernel);
 }
 
@@ -647,14 +649,14 @@ void AttentionKernels<ExecSpace, S, Pattern, Tiles>::backward(const Context& con
     {  // Q's and dO's copies go back to the pool before K's and V's are taken
       Copy q_copy, d_o_copy;
       auto key_gradient = key_gradient_kernel(std::false_type(), q_copy, d_o_copy);
-      key_gradient.bf16_products = bf16_products(key_gradient);
+      choose_bf16_path(key_gradient);
       run_team_kernel("longattn::attention_backward::dk_dv", exec, key_gradient);
     }
     Copy k_copy, v_copy;  // the dQ pass streams K and V
     QueryGradientKernel<ExecSpace, S, Pattern, Tiles> query_gradient{
         q, streamed_tensor(context, opts, k, k_copy), streamed_tensor(context, opts, v, v_copy), d_o, lse, delta.view(),
         dq, geo, pattern, T(scale), scale_log2, T(opts.output_scale), opts.accumulate_gradients, 0};
-    query_gradient.bf16_products = bf16_products(query_gradient);
+    choose_bf16_path(query_gradient);
     run_team_kernel("longattn::attention_backward::dq", exec, query_gradient);
     return;
   }
@@ -682,7 +684,7 @@ void AttentionKernels<ExecSpace, S, Pattern, Tiles>::backward(const Context& con
   auto kernel = key_gradient_kernel(std::true_type(), q_copy, d_o_copy);
   kernel.dq_sum = dq_sum;
   kernel.scale = T(scale);
-  kernel.bf16_products = bf16_products(kernel);
+  choose_bf16_path(kernel);
   run_team_kernel("longattn::attention_backward::dq_dk_dv", exec, kernel);
   if (workspace.data() != nullptr)
     copy_rows("longattn::attention_backward::dq", exec, dq, dq_sum, opts.accumulate_gradients);

@@ -368,22 +368,25 @@ KOKKOS_INLINE_FUNCTION void load_bf16_column_pairs(const Member& team, const Ten
 // (ld words apart) rounded to bf16.
 template <class P, class Member, class T>
 KOKKOS_INLINE_FUNCTION void store_bf16_row_pairs(const Member& team, const T* rows, int count, int cols, int ld,
-                                                 std::uint32_t* out) {
+                                                 Bf16Rounding rounding, std::uint32_t* out) {
   constexpr int W = P::width;
   Kokkos::parallel_for(Kokkos::TeamThreadRange(team, (count + 1) / 2 * (cols / W)), [&](int item) {
     const int p = item / (cols / W), c = item % (cols / W) * W;
     const P odd = 2 * p + 1 < count ? P::load(rows + (2 * p + 1) * ld + c) : P::broadcast(T(0));
-    store_bf16_pairs(P::load(rows + 2 * p * ld + c), odd, out + p * ld + c);
+    store_bf16_pairs(P::load(rows + 2 * p * ld + c), odd, out + p * ld + c, rounding);
   });
 }
 
-// The same rows as bf16 rows (pairs along the columns), cols / 2 words each, ld / 2 apart.
-template <class Member, class T>
+// The same rows as bf16 rows (pairs along the columns), cols / 2 words each, ld / 2 apart; cols
+// a multiple of 2W.
+template <class P, class Member, class T>
 KOKKOS_INLINE_FUNCTION void store_bf16_rows(const Member& team, const T* rows, int count, int cols, int ld,
-                                            std::uint32_t* out) {
-  Kokkos::parallel_for(Kokkos::TeamThreadRange(team, count), [&](int i) {
-    for (int c = 0; c < cols; c += 2)
-      out[i * (ld / 2) + c / 2] = bf16_pair(bfloat16_bits(float(rows[i * ld + c])), bfloat16_bits(float(rows[i * ld + c + 1])));
+                                            Bf16Rounding rounding, std::uint32_t* out) {
+  constexpr int W = P::width;
+  Kokkos::parallel_for(Kokkos::TeamThreadRange(team, count * (cols / (2 * W))), [&](int item) {
+    const int i = item / (cols / (2 * W)), c = item % (cols / (2 * W)) * 2 * W;
+    store_bf16_in_order(P::load(rows + i * ld + c), P::load(rows + i * ld + c + W), out + i * (ld / 2) + c / 2,
+                        rounding);
   });
 }
 
@@ -452,6 +455,7 @@ struct ForwardKernel {
   int scratch_level;
   static constexpr bool bf16_compiled = bf16_products_compiled<ExecSpace, S>;
   bool bf16_products = false;  // the bf16 path (only where bf16_compiled)
+  Bf16Rounding bf16_rounding = Bf16Rounding::integer;  // how it rounds P and dS to bf16
 
   static std::size_t scratch_bytes(int head_dim) {
     using A = ScratchArena<Member>;
@@ -556,9 +560,10 @@ struct ForwardKernel {
           else if (j % 2 == 0)
             even = p;
           else
-            store_bf16_pairs(even, p, p_pairs + j / 2 * L + i);
+            store_bf16_pairs(even, p, p_pairs + j / 2 * L + i, bf16_rounding);
         }
-        if (pairs && k_count % 2 == 1) store_bf16_pairs(even, P::broadcast(T(0)), p_pairs + k_count / 2 * L + i);
+        if (pairs && k_count % 2 == 1)
+          store_bf16_pairs(even, P::broadcast(T(0)), p_pairs + k_count / 2 * L + i, bf16_rounding);
         fma(P::load(l + i), alpha, sum).store(l + i);
         m_new.store(m + i);
         if (!all_lanes_equal(alpha, T(1)))  // no query's maximum moved: Ot stays as it is
@@ -642,6 +647,7 @@ struct KeyGradientKernel {
   static constexpr int W = Shape::lanes;
   static constexpr int team_size = Tiles::team_size;
   static_assert(L % (Shape::packs * W) == 0, "a block is a whole number of micro-tile columns");
+  static_assert(L % (2 * W) == 0, "dS's bf16 rows take a block's columns two packs at a time");
 
   Tensor4<const S, ExecSpace> q, k, v, d_o;
   Tensor3<const T, ExecSpace> lse;
@@ -662,6 +668,7 @@ struct KeyGradientKernel {
 
   static constexpr bool bf16_compiled = bf16_products_compiled<ExecSpace, S>;
   bool bf16_products = false;  // the bf16 path (only where bf16_compiled)
+  Bf16Rounding bf16_rounding = Bf16Rounding::integer;  // how it rounds P and dS to bf16
 
   static std::size_t scratch_bytes(int head_dim) {
     using A = ScratchArena<Member>;
@@ -806,9 +813,9 @@ struct KeyGradientKernel {
       });
       barrier();
       if (pairs) {
-        store_bf16_row_pairs<P>(team, s, q_count, L, L, x.p_pairs);
-        store_bf16_row_pairs<P>(team, dp, q_count, L, L, x.ds_pairs);
-        if (WithQueryGradient) store_bf16_rows(team, dp, q_count, L, L, x.ds_rows);
+        store_bf16_row_pairs<P>(team, s, q_count, L, L, bf16_rounding, x.p_pairs);
+        store_bf16_row_pairs<P>(team, dp, q_count, L, L, bf16_rounding, x.ds_pairs);
+        if (WithQueryGradient) store_bf16_rows<P>(team, dp, q_count, L, L, bf16_rounding, x.ds_rows);
         barrier();
       }
       // dVt[d][j] += sum_i dO[i][d] P[i][j];  dKt[d][j] += sum_i Q[i][d] dS[i][j]
@@ -878,6 +885,7 @@ struct QueryGradientKernel {
 
   static constexpr bool bf16_compiled = bf16_products_compiled<ExecSpace, S>;
   bool bf16_products = false;  // the bf16 path (only where bf16_compiled)
+  Bf16Rounding bf16_rounding = Bf16Rounding::integer;  // how it rounds P and dS to bf16
 
   static std::size_t scratch_bytes(int head_dim) {
     using A = ScratchArena<Member>;
@@ -982,7 +990,7 @@ struct QueryGradientKernel {
       barrier();
       // dQt[d][i] += sum_j K[j][d] dSt[j][i]
       if (pairs) {
-        store_bf16_row_pairs<P>(team, dpt, k_count, L, L, ds_pairs);
+        store_bf16_row_pairs<P>(team, dpt, k_count, L, L, bf16_rounding, ds_pairs);
         barrier();
         bf16_tile_mma(team, {k_row_pairs, 1, D, ds_pairs, L, bf16_output(dqt), L, D, L, (k_count + 1) / 2, 1.0f, true},
                       k, b, h, 0, 0, D);

@@ -245,6 +245,49 @@ inline bool all_lanes_equal(Pack<float, 16> x, float value) {
 }
 #endif
 
+// How the bf16 path rounds float lanes to bf16 for its products: in integer arithmetic, on any
+// CPU (store_bf16_pairs above), or by AVX512-BF16's vcvtne2ps2bf16, which rounds two packs in
+// one instruction where the CPU has it (every CPU with the bf16 dot or tile products does). Both
+// round to nearest, ties to even, and keep NaN a quiet NaN; the instruction also takes subnormal
+// inputs (below 2^-126) as zero.
+enum class Bf16Rounding { integer, avx512_bf16 };
+
+template <class T, int W>
+KOKKOS_INLINE_FUNCTION void store_bf16_pairs(Pack<T, W> even, Pack<T, W> odd, std::uint32_t* out, Bf16Rounding) {
+  store_bf16_pairs(even, odd, out);
+}
+// The 2W lanes of `first` then `second` rounded to bf16 in their order, W words.
+template <class T, int W>
+KOKKOS_INLINE_FUNCTION void store_bf16_in_order(Pack<T, W> first, Pack<T, W> second, std::uint32_t* out, Bf16Rounding) {
+  auto bits = [&](int lane) { return std::uint32_t(bfloat16_bits(float(lane < W ? first[lane] : second[lane - W]))); };
+  for (int word = 0; word < W; ++word) out[word] = bits(2 * word) | bits(2 * word + 1) << 16;
+}
+
+#ifdef LONGATTN_AVX512_PACKS
+// vcvtne2ps2bf16 puts low's 16 lanes as bf16 in the low 16 halfwords, high's in the high 16;
+// for pairs, vpermw interleaves them. Inline assembly: this code is compiled for AVX-512F,
+// which need not include AVX512-BF16 or AVX512BW (it runs only where the CPU has both), so
+// their intrinsics are not there to call.
+inline __m512i bf16_halves(Pack<float, 16> low, Pack<float, 16> high) {
+  __m512i halves;
+  asm("vcvtne2ps2bf16 %2, %1, %0" : "=v"(halves) : "v"(high.v), "v"(low.v));
+  return halves;
+}
+inline void store_bf16_in_order(Pack<float, 16> first, Pack<float, 16> second, std::uint32_t* out, Bf16Rounding rounding) {
+  if (rounding == Bf16Rounding::integer) return store_bf16_in_order<float, 16>(first, second, out, rounding);
+  _mm512_storeu_si512(out, bf16_halves(first, second));
+}
+inline void store_bf16_pairs(Pack<float, 16> even, Pack<float, 16> odd, std::uint32_t* out, Bf16Rounding rounding) {
+  if (rounding == Bf16Rounding::integer) return store_bf16_pairs(even, odd, out);
+  const __m512i halves = bf16_halves(even, odd);
+  const __m512i interleave = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7,
+                                              22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  __m512i pairs;
+  asm("vpermw %2, %1, %0" : "=v"(pairs) : "v"(interleave), "v"(halves));
+  _mm512_storeu_si512(out, pairs);
+}
+#endif
+
 // Whether every lane holds `value`.
 template <class T, int W>
 KOKKOS_INLINE_FUNCTION bool all_lanes_equal(Pack<T, W> x, T value) {
