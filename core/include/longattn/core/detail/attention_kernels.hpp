@@ -298,9 +298,6 @@ KOKKOS_INLINE_FUNCTION std::uint16_t bf16_bits_of(const S& x) {
   else
     return bfloat16_bits(float(x));
 }
-KOKKOS_INLINE_FUNCTION std::uint32_t bf16_pair(std::uint16_t even, std::uint16_t odd) {
-  return std::uint32_t(even) | std::uint32_t(odd) << 16;
-}
 KOKKOS_INLINE_FUNCTION int bf16_padded(int head_dim) { return head_dim + head_dim % 2; }
 // A float scratch array as the bf16 products' output (they run for float accumulators only).
 template <class T>

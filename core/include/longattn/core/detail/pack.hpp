@@ -40,6 +40,11 @@
 
 namespace longattn::detail {
 
+// Two bf16 values as one word of a pair for the bf16 dot products: even in the low half.
+KOKKOS_INLINE_FUNCTION std::uint32_t bf16_pair(std::uint16_t even, std::uint16_t odd) {
+  return std::uint32_t(even) | std::uint32_t(odd) << 16;
+}
+
 // Bytes in one SIMD register of the host this code is compiled for.
 #if defined(__AVX512F__)
 inline constexpr int host_simd_bytes = 64;
@@ -212,7 +217,7 @@ struct Pack {
   }
   KOKKOS_INLINE_FUNCTION friend void store_bf16_pairs(Pack even, Pack odd, std::uint32_t* out) {
     for (int l = 0; l < W; ++l)
-      out[l] = std::uint32_t(bfloat16_bits(float(even.v[l]))) | std::uint32_t(bfloat16_bits(float(odd.v[l]))) << 16;
+      out[l] = bf16_pair(bfloat16_bits(float(even.v[l])), bfloat16_bits(float(odd.v[l])));
   }
 };
 
@@ -259,8 +264,8 @@ KOKKOS_INLINE_FUNCTION void store_bf16_pairs(Pack<T, W> even, Pack<T, W> odd, st
 // The 2W lanes of `first` then `second` rounded to bf16 in their order, W words.
 template <class T, int W>
 KOKKOS_INLINE_FUNCTION void store_bf16_in_order(Pack<T, W> first, Pack<T, W> second, std::uint32_t* out, Bf16Rounding) {
-  auto bits = [&](int lane) { return std::uint32_t(bfloat16_bits(float(lane < W ? first[lane] : second[lane - W]))); };
-  for (int word = 0; word < W; ++word) out[word] = bits(2 * word) | bits(2 * word + 1) << 16;
+  auto bits = [&](int lane) { return bfloat16_bits(float(lane < W ? first[lane] : second[lane - W])); };
+  for (int word = 0; word < W; ++word) out[word] = bf16_pair(bits(2 * word), bits(2 * word + 1));
 }
 
 #ifdef LONGATTN_AVX512_PACKS
