@@ -151,6 +151,11 @@ KOKKOS_INLINE_FUNCTION int tokens_in_block(int first, int tokens, int block_toke
   return tokens - first < block_tokens ? tokens - first : block_tokens;
 }
 
+// Tokens [first, first + count) of a sequence.
+struct BlockSpan {
+  int first, count;
+};
+
 // The block a team works on: league rank -> (batch, head, block), and the block's tokens.
 // `heaviest_last` hands out the last blocks first (under a causal mask late query blocks see
 // the most keys, early key blocks are seen by the most queries).
@@ -388,15 +393,16 @@ KOKKOS_INLINE_FUNCTION void store_bf16_rows(const Member& team, const T* rows, i
 }
 
 // C = [C +] alpha A B on bf16 pairs (bf16_pair_product.hpp), the team's threads taking strips of
-// whole micro-tile rows. The prefetches (of the next block's rows) go with the rows.
+// whole micro-tile rows. The prefetches (rows `next` of a tensor's (b, h) slice: the next
+// block's) go with the rows.
 template <class Member, class Tensor>
-KOKKOS_INLINE_FUNCTION void bf16_tile_mma(const Member& team, Bf16PairProduct product, const Tensor& next, int b,
-                                          int h, int next_first, int next_count, int head_dim) {
+KOKKOS_INLINE_FUNCTION void bf16_tile_mma(const Member& team, Bf16PairProduct product, const Tensor& prefetched,
+                                          int b, int h, BlockSpan next, int head_dim) {
 #ifdef LONGATTN_VECTOR_EXTENSIONS
-  if (next_count > 0) {
-    product.prefetch = reinterpret_cast<const char*>(&next(b, next_first, h, 0));
-    product.prefetch_stride = std::ptrdiff_t(next.stride(1) * sizeof(typename Tensor::value_type));
-    product.prefetch_rows = next_count;
+  if (next.count > 0) {
+    product.prefetch = reinterpret_cast<const char*>(&prefetched(b, next.first, h, 0));
+    product.prefetch_stride = std::ptrdiff_t(prefetched.stride(1) * sizeof(typename Tensor::value_type));
+    product.prefetch_rows = next.count;
     product.prefetch_row_bytes = int(head_dim * sizeof(typename Tensor::value_type));
   }
   constexpr int R = bf16_pair_tile_rows;
@@ -407,7 +413,7 @@ KOKKOS_INLINE_FUNCTION void bf16_tile_mma(const Member& team, Bf16PairProduct pr
     if (first < end) bf16_pair_product(product, first, end);
   });
 #else
-  (void)team, (void)product, (void)next, (void)b, (void)h, (void)next_first, (void)next_count, (void)head_dim;
+  (void)team, (void)product, (void)prefetched, (void)b, (void)h, (void)next, (void)head_dim;
   Kokkos::abort("longattn attention: the bf16 path is not compiled for this space");
 #endif
 }
@@ -423,6 +429,94 @@ KOKKOS_INLINE_FUNCTION P column_max(const T* column, int ld, int count, P start)
     LONGATTN_UNROLL for (int c = 0; c < 4; ++c) chains[c] = max(chains[c], P::load(column + (j + c) * ld));
   for (; j < count; ++j) chains[0] = max(chains[0], P::load(column + j * ld));
   return max(max(chains[0], chains[1]), max(chains[2], chains[3]));
+}
+
+// The pieces the three kernels share: the next visited block (whose rows are prefetched during
+// this block's products), the visited block's rows, and the two product shapes, each on either
+// path. A product's operands are the float path's scratch (or rows in place) and the bf16 path's
+// words of two bf16; the bf16 ones are null on the float path.
+// Block n + 1 of a visit list, or an empty span after the last.
+KOKKOS_INLINE_FUNCTION BlockSpan next_visit(const BlockList& visits, int n, int tokens, int block_tokens) {
+  if (n + 1 >= visits.count) return {0, 0};
+  const int first = visits[n + 1] * block_tokens;
+  return {first, tokens_in_block(first, tokens, block_tokens)};
+}
+
+// A visited block's rows of two tensors (K and V, or Q and dO) for the float products, [count][D]:
+// in place where both lie so (rows_in_place), else copied into the two scratch arrays.
+template <class T>
+struct RowBlocks {
+  const T* a;
+  const T* b;
+};
+template <class Tiles, class Member, class T, class A, class B>
+KOKKOS_INLINE_FUNCTION RowBlocks<T> block_rows(const Member& team, const A& a, const B& b_tensor, int b, int h,
+                                               BlockSpan rows, int head_dim, T* a_scratch, T* b_scratch) {
+  const RowBlocks<T> in_place{rows_in_place<Tiles, T>(a, b, h, rows.first),
+                              rows_in_place<Tiles, T>(b_tensor, b, h, rows.first)};
+  if (in_place.a != nullptr && in_place.b != nullptr) return in_place;
+  load_rows(team, a, b_tensor, b, h, rows.first, rows.count, head_dim, a_scratch, b_scratch);
+  return {a_scratch, b_scratch};
+}
+
+template <class T>
+struct ProductOperands {
+  const T* a;                 // float path: A's rows [.][D] (scores) or [depth][D] (accumulations)
+  const T* b;                 // float path: Bt[D][L] (scores) or B[depth][L] (accumulations)
+  const std::uint32_t* a_bf16;  // bf16 path: A's rows (scores) or row pairs (accumulations)
+  const std::uint32_t* b_bf16;  // bf16 path: Bt's column pairs (scores) or B's row pairs (accumulations)
+  float bf16_alpha;           // bf16 path: the scale the float path has folded into Bt (scores), else 1
+};
+
+// Out[r][c] = sum_d A[r][d] Bt[d][c] for r < rows, c < L, into scratch [rows][L]: a block pair's
+// scores S (or dP), with the block's scale. Rows `next` of `prefetched` are fetched meanwhile.
+template <class Shape, class Member, class T, class Tensor>
+KOKKOS_INLINE_FUNCTION void block_scores(const Member& team, int rows, int head_dim, const ProductOperands<T>& in,
+                                         T* out, const Tensor& prefetched, int b, int h, BlockSpan next) {
+  constexpr int L = Shape::block;
+  if (in.a_bf16 != nullptr) {
+    const int words = bf16_padded(head_dim) / 2;
+    bf16_tile_mma(team, {in.a_bf16, words, 1, in.b_bf16, L, bf16_output(out), L, rows, L, words, in.bf16_alpha, false},
+                  prefetched, b, h, next, head_dim);
+  } else {
+    tile_mma<Shape>(team, rows, L, head_dim, in.a, head_dim, 1, in.b, L, out, L, false, [&](int tile, int tiles) {
+      if (next.count > 0) prefetch_rows(prefetched, b, h, next.first, next.count, head_dim, tile, tiles);
+    });
+  }
+}
+
+// Out[d][c] += sum_j A[j][d] B[j][c] for j < depth, d < D, c < L, into scratch [D][L]: a block's
+// share of a transposed accumulator (Ot, dQt, dKt, dVt). Rows `next` of `prefetched` are fetched
+// meanwhile.
+template <class Shape, class Member, class T, class Tensor>
+KOKKOS_INLINE_FUNCTION void accumulate_transposed(const Member& team, int depth, int head_dim,
+                                                  const ProductOperands<T>& in, T* out, const Tensor& prefetched,
+                                                  int b, int h, BlockSpan next) {
+  constexpr int L = Shape::block;
+  if (in.a_bf16 != nullptr) {
+    bf16_tile_mma(team,
+                  {in.a_bf16, 1, head_dim, in.b_bf16, L, bf16_output(out), L, head_dim, L, (depth + 1) / 2,
+                   in.bf16_alpha, true},
+                  prefetched, b, h, next, head_dim);
+  } else {
+    tile_mma<Shape>(team, head_dim, L, depth, in.a, 1, head_dim, in.b, L, out, L, true, [&](int tile, int tiles) {
+      if (next.count > 0) prefetch_rows(prefetched, b, h, next.first, next.count, head_dim, tile, tiles);
+    });
+  }
+}
+
+// St[j][i] = -inf where query q_first + i (along the lanes) does not see key k_first + j, then
+// a barrier; nothing where every query of the block sees every key.
+template <int L, class Member, class T>
+KOKKOS_INLINE_FUNCTION void mask_key_major_scores(const Member& team, TeamBarrier<Member>& barrier,
+                                                  const AttentionGeometry& geo, int q_first, int k_first, int k_count,
+                                                  T* st) {
+  if (!geo.needs_mask(q_first, k_first, k_count)) return;
+  Kokkos::parallel_for(Kokkos::TeamThreadRange(team, k_count), [&](int j) {
+    const int masked = geo.queries_not_seeing(k_first + j, q_first, L);
+    for (int i = 0; i < masked; ++i) st[j * L + i] = minus_infinity<T>();
+  });
+  barrier();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -506,39 +600,20 @@ struct ForwardKernel {
     for (int n = 0; n < visits; ++n) {
       const int k_first = visited[n] * L;
       const int k_count = tokens_in_block(k_first, geo.keys, L);
-      // K and V rows in place where they lie together (and the tiles read them so), else copied.
-      const T* k_block = pairs ? nullptr : rows_in_place<Tiles, T>(k, b, h, k_first);
-      const T* v_block = pairs ? nullptr : rows_in_place<Tiles, T>(v, b, h, k_first);
+      RowBlocks<T> kv{nullptr, nullptr};  // K and V rows, float path
       if (pairs) {
         load_bf16_rows(team, k, b, h, k_first, k_count, D, k_rows);
         load_bf16_row_pairs(team, v, b, h, k_first, k_count, D, v_pairs);
-      } else if (k_block == nullptr || v_block == nullptr) {
-        load_rows(team, k, v, b, h, k_first, k_count, D, ks, vs);
-        k_block = ks;
-        v_block = vs;
+      } else {
+        kv = block_rows<Tiles>(team, k, v, b, h, {k_first, k_count}, D, ks, vs);
       }
       barrier();
       // The next block's K rows are fetched during this product, its V rows during the other.
-      const int next_first = n + 1 < visits ? visited[n + 1] * L : 0;
-      const int next_count = n + 1 < visits ? tokens_in_block(next_first, geo.keys, L) : 0;
+      const BlockSpan next = next_visit(visited, n, geo.keys, L);
       // St[j][i] = sum_d K[j][d] Qt[d][i]
-      if (pairs)
-        bf16_tile_mma(team,
-                      {k_rows, D2 / 2, 1, q_pairs, L, bf16_output(st), L, k_count, L, D2 / 2, float(scale_log2),
-                       false},
-                      k, b, h, next_first, next_count, D);
-      else
-        tile_mma<Shape>(team, k_count, L, D, k_block, D, 1, qt, L, st, L, false, [&](int tile, int tiles) {
-          prefetch_rows(k, b, h, next_first, next_count, D, tile, tiles);
-        });
+      block_scores<Shape>(team, k_count, D, {kv.a, qt, k_rows, q_pairs, float(scale_log2)}, st, k, b, h, next);
       barrier();
-      if (geo.needs_mask(q_first, k_first, k_count)) {
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, k_count), [&](int j) {
-          const int masked = geo.queries_not_seeing(k_first + j, q_first, L);
-          for (int i = 0; i < masked; ++i) st[j * L + i] = minus_infinity<T>();
-        });
-        barrier();
-      }
+      mask_key_major_scores<L>(team, barrier, geo, q_first, k_first, k_count, st);
       // Online softmax, one pack of queries at a time: new max, rescale l and Ot by
       // 2^(m_old - m_new), probabilities into St.
       Kokkos::parallel_for(Kokkos::TeamThreadRange(team, L / W), [&](int pack) {
@@ -568,13 +643,7 @@ struct ForwardKernel {
       });
       barrier();
       // Ot[d][i] += sum_j V[j][d] Pt[j][i]
-      if (pairs)
-        bf16_tile_mma(team, {v_pairs, 1, D, p_pairs, L, bf16_output(ot), L, D, L, (k_count + 1) / 2, 1.0f, true}, v,
-                      b, h, next_first, next_count, D);
-      else
-        tile_mma<Shape>(team, D, L, k_count, v_block, 1, D, st, L, ot, L, true, [&](int tile, int tiles) {
-          prefetch_rows(v, b, h, next_first, next_count, D, tile, tiles);
-        });
+      accumulate_transposed<Shape>(team, k_count, D, {kv.b, st, v_pairs, p_pairs, 1.0f}, ot, v, b, h, next);
       barrier();
     }
 
@@ -732,7 +801,6 @@ struct KeyGradientKernel {
       *lse2 = x.lse2, *delta_rows = x.delta_rows;
 
     const bool pairs = x.k_pairs != nullptr;
-    const int D2 = bf16_padded(D);
     barrier();  // the previous key block's stores are done with dKt and dVt
     if (pairs) {
       load_bf16_column_pairs<L>(team, k, b, h, k_first, k_count, D, x.k_pairs);
@@ -755,43 +823,25 @@ struct KeyGradientKernel {
       const int q_first = visiting[n] * L;
       const int q_count = tokens_in_block(q_first, geo.queries, L);
       barrier();  // the previous block's products are done with qs, dos, s, dp
-      // Q and dO rows in place where they lie together (and the tiles read them so), else copied.
-      const T* q_block = pairs ? nullptr : rows_in_place<Tiles, T>(q, b, h, q_first);
-      const T* do_block = pairs ? nullptr : rows_in_place<Tiles, T>(d_o, b, h, q_first);
-      const bool copy = !pairs && (q_block == nullptr || do_block == nullptr);
+      RowBlocks<T> q_do{nullptr, nullptr};  // Q and dO rows, float path
       if (pairs) {
         load_bf16_rows(team, q, b, h, q_first, q_count, D, x.q_rows);
         load_bf16_rows(team, d_o, b, h, q_first, q_count, D, x.do_rows);
         load_bf16_row_pairs(team, q, b, h, q_first, q_count, D, x.q_row_pairs);
         load_bf16_row_pairs(team, d_o, b, h, q_first, q_count, D, x.do_row_pairs);
-      } else if (copy) {
-        load_rows(team, q, d_o, b, h, q_first, q_count, D, qs, dos);
-        q_block = qs;
-        do_block = dos;
+      } else {
+        q_do = block_rows<Tiles>(team, q, d_o, b, h, {q_first, q_count}, D, qs, dos);
       }
       Kokkos::parallel_for(Kokkos::TeamThreadRange(team, q_count), [&](int i) {
         load_row_statistics(lse, delta, b, h, q_first + i, lse2[i], delta_rows[i]);
       });
       barrier();
       // The next query block's Q rows are fetched during the first product, dO rows during the second.
-      const int next_first = n + 1 < visits ? visiting[n + 1] * L : 0;
-      const int next_count = n + 1 < visits ? tokens_in_block(next_first, geo.queries, L) : 0;
+      const BlockSpan next = next_visit(visiting, n, geo.queries, L);
       // S[i][j] = sum_d Q[i][d] Kt[d][j];  dP[i][j] = sum_d dO[i][d] Vt[d][j]
-      if (pairs) {
-        bf16_tile_mma(team, {x.q_rows, D2 / 2, 1, x.k_pairs, L, bf16_output(s), L, q_count, L, D2 / 2,
-                             float(scale_log2), false},
-                      q, b, h, next_first, next_count, D);
-        bf16_tile_mma(team, {x.do_rows, D2 / 2, 1, x.v_pairs, L, bf16_output(dp), L, q_count, L, D2 / 2,
-                             float(output_scale), false},
-                      d_o, b, h, next_first, next_count, D);
-      } else {
-        tile_mma<Shape>(team, q_count, L, D, q_block, D, 1, kt, L, s, L, false, [&](int tile, int tiles) {
-          prefetch_rows(q, b, h, next_first, next_count, D, tile, tiles);
-        });
-        tile_mma<Shape>(team, q_count, L, D, do_block, D, 1, vt, L, dp, L, false, [&](int tile, int tiles) {
-          prefetch_rows(d_o, b, h, next_first, next_count, D, tile, tiles);
-        });
-      }
+      block_scores<Shape>(team, q_count, D, {q_do.a, kt, x.q_rows, x.k_pairs, float(scale_log2)}, s, q, b, h, next);
+      block_scores<Shape>(team, q_count, D, {q_do.b, vt, x.do_rows, x.v_pairs, float(output_scale)}, dp, d_o, b, h,
+                          next);
       barrier();
       // Keys past the end of the sequence are masked too: their lanes hold zero-padded K.
       if (geo.needs_mask(q_first, k_first, k_count) || k_count < L) {
@@ -816,21 +866,11 @@ struct KeyGradientKernel {
         barrier();
       }
       // dVt[d][j] += sum_i dO[i][d] P[i][j];  dKt[d][j] += sum_i Q[i][d] dS[i][j]
-      if (pairs) {
-        const int q_pairs = (q_count + 1) / 2;
-        bf16_tile_mma(team, {x.do_row_pairs, 1, D, x.p_pairs, L, bf16_output(dvt), L, D, L, q_pairs, 1.0f, true},
-                      d_o, b, h, 0, 0, D);
-        bf16_tile_mma(team, {x.q_row_pairs, 1, D, x.ds_pairs, L, bf16_output(dkt), L, D, L, q_pairs, 1.0f, true},
-                      dq_sum, b, h, next_first, WithQueryGradient ? next_count : 0, D);
-      } else {
-        tile_mma<Shape>(team, D, L, q_count, do_block, 1, D, s, L, dvt, L, true);
-        tile_mma<Shape>(team, D, L, q_count, q_block, 1, D, dp, L, dkt, L, true, [&](int tile, int tiles) {
-          if constexpr (WithQueryGradient)
-            prefetch_rows(dq_sum, b, h, next_first, next_count, D, tile, tiles);
-          else
-            (void)tile, (void)tiles;
-        });
-      }
+      // (one pass: the next query block's dQ rows are fetched during the second).
+      accumulate_transposed<Shape>(team, q_count, D, {q_do.b, s, x.do_row_pairs, x.p_pairs, 1.0f}, dvt, d_o, b, h,
+                                   {0, 0});
+      accumulate_transposed<Shape>(team, q_count, D, {q_do.a, dp, x.q_row_pairs, x.ds_pairs, 1.0f}, dkt, dq_sum, b,
+                                   h, {next.first, WithQueryGradient ? next.count : 0});
       // dQ[i][d] += sum_j dS[i][j] K[j][d] scale, into dq_sum's rows (this team owns the head's).
       if constexpr (WithQueryGradient) {
         T* dq_rows = &dq_sum(b, q_first, h, 0);
@@ -838,7 +878,7 @@ struct KeyGradientKernel {
         if (pairs)
           bf16_tile_mma(team, {x.ds_rows, L / 2, 1, x.k_row_pairs, D, bf16_output(dq_rows), ld, q_count, D,
                                (k_count + 1) / 2, float(scale), true},
-                        dq_sum, b, h, 0, 0, D);
+                        dq_sum, b, h, {0, 0}, D);
         else
           tile_mma<Shape>(team, q_count, D, k_count, dp, L, 1, x.ks, D, dq_rows, ld, true);
       }
@@ -908,7 +948,7 @@ struct QueryGradientKernel {
     T* lse2 = arena.template take<T>(L);
     T* delta_rows = arena.template take<T>(L);
     const bool pairs = bf16_compiled && bf16_products;
-    const int D2 = bf16_padded(D), words = (D * L + L) / 2;
+    const int words = (D * L + L) / 2;
     std::uint32_t* q_pairs = pairs ? arena.template take<std::uint32_t>(words) : nullptr;
     std::uint32_t* do_pairs = pairs ? arena.template take<std::uint32_t>(words) : nullptr;
     std::uint32_t* k_rows = pairs ? arena.template take<std::uint32_t>(words) : nullptr;
@@ -940,44 +980,21 @@ struct QueryGradientKernel {
       const int k_first = visited[n] * L;
       const int k_count = tokens_in_block(k_first, geo.keys, L);
       barrier();
-      const T* k_block = pairs ? nullptr : rows_in_place<Tiles, T>(k, b, h, k_first);
-      const T* v_block = pairs ? nullptr : rows_in_place<Tiles, T>(v, b, h, k_first);
+      RowBlocks<T> kv{nullptr, nullptr};  // K and V rows, float path
       if (pairs) {
         load_bf16_rows(team, k, b, h, k_first, k_count, D, k_rows);
         load_bf16_rows(team, v, b, h, k_first, k_count, D, v_rows);
         load_bf16_row_pairs(team, k, b, h, k_first, k_count, D, k_row_pairs);
-      } else if (k_block == nullptr || v_block == nullptr) {
-        load_rows(team, k, v, b, h, k_first, k_count, D, ks, vs);
-        k_block = ks;
-        v_block = vs;
-      }
-      barrier();
-      const int next_first = n + 1 < visits ? visited[n + 1] * L : 0;
-      const int next_count = n + 1 < visits ? tokens_in_block(next_first, geo.keys, L) : 0;
-      // St[j][i] = sum_d K[j][d] Qt[d][i];  dPt[j][i] = sum_d V[j][d] dOt[d][i]
-      if (pairs) {
-        bf16_tile_mma(team, {k_rows, D2 / 2, 1, q_pairs, L, bf16_output(st), L, k_count, L, D2 / 2,
-                             float(scale_log2), false},
-                      k, b, h, next_first, next_count, D);
-        bf16_tile_mma(team, {v_rows, D2 / 2, 1, do_pairs, L, bf16_output(dpt), L, k_count, L, D2 / 2,
-                             float(output_scale), false},
-                      v, b, h, next_first, next_count, D);
       } else {
-        tile_mma<Shape>(team, k_count, L, D, k_block, D, 1, qt, L, st, L, false, [&](int tile, int tiles) {
-          prefetch_rows(k, b, h, next_first, next_count, D, tile, tiles);
-        });
-        tile_mma<Shape>(team, k_count, L, D, v_block, D, 1, dot, L, dpt, L, false, [&](int tile, int tiles) {
-          prefetch_rows(v, b, h, next_first, next_count, D, tile, tiles);
-        });
+        kv = block_rows<Tiles>(team, k, v, b, h, {k_first, k_count}, D, ks, vs);
       }
       barrier();
-      if (geo.needs_mask(q_first, k_first, k_count)) {
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, k_count), [&](int j) {
-          const int masked = geo.queries_not_seeing(k_first + j, q_first, L);
-          for (int i = 0; i < masked; ++i) st[j * L + i] = minus_infinity<T>();
-        });
-        barrier();
-      }
+      const BlockSpan next = next_visit(visited, n, geo.keys, L);
+      // St[j][i] = sum_d K[j][d] Qt[d][i];  dPt[j][i] = sum_d V[j][d] dOt[d][i]
+      block_scores<Shape>(team, k_count, D, {kv.a, qt, k_rows, q_pairs, float(scale_log2)}, st, k, b, h, next);
+      block_scores<Shape>(team, k_count, D, {kv.b, dot, v_rows, do_pairs, float(output_scale)}, dpt, v, b, h, next);
+      barrier();
+      mask_key_major_scores<L>(team, barrier, geo, q_first, k_first, k_count, st);
       // dSt = 2^(St - lse2) (dPt - Delta)
       Kokkos::parallel_for(Kokkos::TeamThreadRange(team, k_count * (L / W)), [&](int item) {
         const int j = item / (L / W), i = (item % (L / W)) * W;
@@ -989,11 +1006,8 @@ struct QueryGradientKernel {
       if (pairs) {
         store_bf16_row_pairs<P>(team, dpt, k_count, L, L, bf16_rounding, ds_pairs);
         barrier();
-        bf16_tile_mma(team, {k_row_pairs, 1, D, ds_pairs, L, bf16_output(dqt), L, D, L, (k_count + 1) / 2, 1.0f, true},
-                      k, b, h, 0, 0, D);
-      } else {
-        tile_mma<Shape>(team, D, L, k_count, k_block, 1, D, dpt, L, dqt, L, true);
       }
+      accumulate_transposed<Shape>(team, k_count, D, {kv.a, dpt, k_row_pairs, ds_pairs, 1.0f}, dqt, k, b, h, {0, 0});
     }
     barrier();
 
